@@ -1,0 +1,896 @@
+"""Tensor: a lazy value in a Graph. High-level ops with PyTorch names, composed from the 15 primitive ops.
+
+A Tensor is (graph, node id, layout, dtype): `layout` is the core View through which it reads its node. Movement ops only edit the view; everything else adds nodes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from . import _core
+from . import dtypes as dt
+from .dtypes import DType
+
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, Tensor)
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class Tensor:
+    __slots__ = ("graph", "_id", "layout", "dtype", "_out")
+
+    def __init__(self, graph, nid: int, view, dtype: DType, out: int | None = None):
+        self.graph, self._id, self.layout, self.dtype, self._out = graph, nid, view, dtype, out
+
+    # ---- identity and shape --------------------------------------------------------------------------------------
+    @property
+    def id(self) -> int:
+        """The node this tensor reads; follows any rewrite a compiler made."""
+        return self.graph._g.resolve(self._id)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(int(d) if d.is_const() else d for d in self.layout.shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[self._axis(dim)]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.layout.shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self):
+        n = _core.Expr(1)
+        for d in self.layout.shape:
+            n = n * d
+        return int(n) if n.is_const() else n
+
+    def __len__(self):
+        if not self.ndim:
+            raise TypeError("len() of a 0-d tensor")
+        d = self.layout.shape[0]
+        if not d.is_const():
+            raise TypeError(f"len() of a tensor whose first dim is symbolic ({d})")
+        return int(d)
+
+    def __repr__(self):
+        return f"Tensor(shape={_fmt(self.shape)}, dtype={self.dtype.name}, node={self.id})"
+
+    def _edge(self):
+        return _core.Edge(self.id, self.layout)
+
+    def _new(self, nid: int) -> "Tensor":
+        return self.graph._wrap(nid)
+
+    def _with_view(self, view) -> "Tensor":
+        return Tensor(self.graph, self._id, view, self.dtype)
+
+    def _axis(self, d: int, ndim: int | None = None) -> int:
+        n = self.ndim if ndim is None else ndim
+        if not isinstance(d, (int, np.integer)):
+            raise TypeError(f"dim must be an int, got {d!r}")
+        if not -max(n, 1) <= d < max(n, 1):
+            raise IndexError(f"dim {d} is out of range for a tensor of shape {_fmt(self.shape)}")
+        return int(d) % max(n, 1)
+
+    # ---- data in and out -----------------------------------------------------------------------------------------
+    def set(self, array) -> "Tensor":
+        """Gives an input tensor its data (binding symbolic dims from the array's shape)."""
+        self.graph._set_input(self.id, array)
+        return self
+
+    def output(self) -> "Tensor":
+        """Marks this tensor as a result of the graph; read it with `.numpy()` after `execute()`."""
+        out = self.graph._g.output(self._edge())
+        return Tensor(self.graph, self._id, self.layout, self.dtype, out)
+
+    def numpy(self) -> np.ndarray:
+        if self._out is None:
+            raise RuntimeError("this tensor is not an output: call .output() on it before compiling")
+        arr = self.graph._result(self._out)
+        return dt.bf16_to_f32(arr) if self.dtype is dt.bfloat16 else arr
+
+    def item(self):
+        return self.numpy().item()
+
+    # ---- building blocks -----------------------------------------------------------------------------------------
+    def _unary(self, op: str) -> "Tensor":
+        x = self if self.dtype.is_float else self.to(dt.float32)
+        return x._new(x.graph._g.unary(op, x._edge()))
+
+    def _const_like(self, value, dtype: DType | None = None) -> "Tensor":
+        c = self.graph.constant(value, dtype or self.dtype)
+        return c.expand_to(self.layout.shape)
+
+    def _operands(self, other, op: str) -> tuple["Tensor", "Tensor"]:
+        """Promotes dtypes and broadcasts shapes, PyTorch style."""
+        if _is_tensor(other):
+            if other.graph is not self.graph:
+                raise ValueError(f"{op}: tensors belong to different graphs")
+            t = dt.result_type(self.dtype, other.dtype)
+            a, b = self.to(t), other.to(t)
+        else:
+            if isinstance(other, _core.Expr):
+                return self._operands(_scalar(self.graph, other, self.dtype), op)
+            if not isinstance(other, (int, float, bool, np.number)):
+                raise TypeError(f"{op}: unsupported operand {other!r}")
+            t = self.dtype
+            if isinstance(other, float) and not t.is_float:
+                t = dt.float32
+            a = self.to(t)
+            b = a.graph.constant(other, t)
+        shape = broadcast_shapes(a.layout.shape, b.layout.shape, op)
+        return a.expand_to(shape), b.expand_to(shape)
+
+    def _binary(self, op: str, other) -> "Tensor":
+        a, b = self._operands(other, op)
+        return a._new(a.graph._g.binary(op, a._edge(), b._edge()))
+
+    def _reduce(self, op: str, dim, keepdim: bool) -> "Tensor":
+        axes = self._dims(dim)
+        x = self
+        for ax in sorted(axes, reverse=True):
+            x = x._new(x.graph._g.reduce(op, x._edge(), ax))
+        if keepdim:
+            for ax in sorted(axes):
+                x = x.unsqueeze(ax)
+        return x
+
+    def _dims(self, dim) -> list[int]:
+        if dim is None:
+            return list(range(self.ndim))
+        if isinstance(dim, (list, tuple)):
+            return sorted({self._axis(d) for d in dim})
+        return [self._axis(dim)]
+
+    def expand_to(self, shape) -> "Tensor":
+        """Broadcasts to `shape` (a list of Exprs), adding leading dims as needed."""
+        v = self.layout
+        extra = len(shape) - len(v.shape)
+        if extra < 0:
+            raise ValueError(f"cannot broadcast shape {_fmt(self.shape)} to {_fmt(shape)}")
+        for _ in range(extra):
+            v = v.unsqueeze(0)
+        for i, d in enumerate(shape):
+            if v.shape[i] != d:
+                v = v.expand(i, d)
+        return self._with_view(v)
+
+    # ---- dtype ---------------------------------------------------------------------------------------------------
+    def to(self, dtype) -> "Tensor":
+        dtype = dt.dtype(dtype)
+        if dtype is self.dtype:
+            return self
+        return self._new(self.graph._g.cast(self._edge(), dtype.name))
+
+    def float(self):
+        return self.to(dt.float32)
+
+    def half(self):
+        return self.to(dt.float16)
+
+    def bfloat16(self):
+        return self.to(dt.bfloat16)
+
+    def int(self):
+        return self.to(dt.int32)
+
+    def bool(self):
+        return self.to(dt.bool_)
+
+    # ---- arithmetic ----------------------------------------------------------------------------------------------
+    def __add__(self, o):
+        return self._binary("Add", o)
+
+    def __radd__(self, o):
+        return self._binary("Add", o)
+
+    def __mul__(self, o):
+        return self._binary("Mul", o)
+
+    def __rmul__(self, o):
+        return self._binary("Mul", o)
+
+    def __neg__(self):
+        if self.dtype is dt.bool_:
+            raise TypeError("negation of a bool tensor: use ~ (logical_not)")
+        return self * -1
+
+    def __sub__(self, o):
+        a, b = self._operands(o, "sub")
+        return a + b * -1
+
+    def __rsub__(self, o):
+        a, b = self._operands(o, "sub")
+        return b + a * -1
+
+    def __truediv__(self, o):
+        a, b = self._operands(o, "div")
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        return a * b.reciprocal()
+
+    def __rtruediv__(self, o):
+        a, b = self._operands(o, "div")
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        return b * a.reciprocal()
+
+    def __floordiv__(self, o):
+        a, b = self._operands(o, "floor_divide")
+        q = (a - a.remainder(b)).float() / b.float()
+        return q.to(a.dtype) if not a.dtype.is_float else q
+
+    def fmod(self, o):
+        return self._binary("Mod", o)
+
+    def remainder(self, o):
+        """Floor modulo (Python's and torch's %): the result takes the divisor's sign."""
+        a, b = self._operands(o, "remainder")
+        r = a._binary("Mod", b)
+        fix = (r * b).lt(0).to(a.dtype)
+        return r + b * fix
+
+    def __mod__(self, o):
+        return self.remainder(o)
+
+    def __rmod__(self, o):
+        a, b = self._operands(o, "remainder")
+        return b.remainder(a)
+
+    def __pow__(self, o):
+        return self.pow(o)
+
+    def __rpow__(self, o):
+        a, b = self._operands(o, "pow")
+        return b.pow(a)
+
+    def pow(self, exponent):
+        if not _is_tensor(exponent):
+            e = float(exponent)
+            if e == int(e) and abs(e) <= 16:
+                base = self if self.dtype.is_float or e >= 0 else self.float()
+                out, sq, n = None, base, abs(int(e))
+                while n:  # square and multiply
+                    if n & 1:
+                        out = sq if out is None else out * sq
+                    n >>= 1
+                    if n:
+                        sq = sq * sq
+                out = base._const_like(1) if out is None else out
+                return out.reciprocal() if e < 0 else out
+            if e == 0.5:
+                return self.sqrt()
+            exponent = e
+        x, y = self._operands(exponent, "pow")
+        if not x.dtype.is_float:
+            x, y = x.float(), y.float()
+        # |x|^y, negated where x < 0 and y is an odd integer.
+        mag = (y * x.abs().log2()).exp2()
+        odd = y.abs().remainder(2).eq(1).to(x.dtype)
+        neg = x.lt(0).to(x.dtype)
+        return mag * (1 - 2 * neg * odd)
+
+    # ---- unary math ----------------------------------------------------------------------------------------------
+    def log2(self):
+        return self._unary("Log2")
+
+    def exp2(self):
+        return self._unary("Exp2")
+
+    def sin(self):
+        return self._unary("Sin")
+
+    def sqrt(self):
+        return self._unary("Sqrt")
+
+    def reciprocal(self):
+        return self._unary("Recip")
+
+    def exp(self):
+        return (self._float() * LOG2_E).exp2()
+
+    def log(self):
+        return self.log2() * LN_2
+
+    def cos(self):
+        return (self._float() + math.pi / 2).sin()
+
+    def rsqrt(self):
+        return self.sqrt().reciprocal()
+
+    def square(self):
+        return self * self
+
+    def abs(self):
+        return self * (1 - 2 * self.lt(0).to(self.dtype))
+
+    def sign(self):
+        return self.gt(0).to(self.dtype) - self.lt(0).to(self.dtype)
+
+    def relu(self):
+        return self.maximum(0)
+
+    def sigmoid(self):
+        return ((-self._float()).exp() + 1).reciprocal()
+
+    def silu(self):
+        return self * self.sigmoid()
+
+    def tanh(self):
+        return 2 * (2 * self._float()).sigmoid() - 1
+
+    def gelu(self, approximate: str = "none"):
+        x = self._float()
+        if approximate == "tanh":
+            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+
+    def erf(self):
+        # Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), made odd by sign().
+        x = self._float()
+        a = x.abs()
+        t = (1 + 0.3275911 * a).reciprocal()
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        return x.sign() * (1 - poly * (-(a * a)).exp())
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+        # max(x, 0) + log(1 + exp(-|x|)): stable everywhere; equals x past the threshold to float precision.
+        x = self._float() * beta
+        return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+
+    def leaky_relu(self, negative_slope: float = 0.01):
+        return self * (1 + (negative_slope - 1) * self.lt(0).to(self.dtype))
+
+    def _float(self):
+        return self if self.dtype.is_float else self.float()
+
+    # ---- comparisons (results are bool) ----------------------------------------------------------------------------
+    def lt(self, o):
+        return self._binary("LessThan", o)
+
+    def gt(self, o):
+        a, b = self._operands(o, "gt")
+        return b.lt(a)
+
+    def le(self, o):
+        return ~self.gt(o)
+
+    def ge(self, o):
+        return ~self.lt(o)
+
+    def ne(self, o):
+        a, b = self._operands(o, "ne")
+        return a.lt(b) | b.lt(a)
+
+    def eq(self, o):
+        return ~self.ne(o)
+
+    __lt__, __gt__, __le__, __ge__ = lt, gt, le, ge
+
+    def __eq__(self, o):  # noqa: D105 - elementwise, like torch
+        return self.eq(o)
+
+    def __ne__(self, o):
+        return self.ne(o)
+
+    __hash__ = object.__hash__
+
+    def logical_not(self):
+        return self.to(dt.int32).lt(1)
+
+    def __invert__(self):
+        if self.dtype is not dt.bool_:
+            raise TypeError(f"~ needs a bool tensor, got {self.dtype.name}")
+        return self.logical_not()
+
+    def __and__(self, o):
+        return self.bool()._binary("Mul", o.bool() if _is_tensor(o) else bool(o))
+
+    def __or__(self, o):
+        return self.bool()._binary("Add", o.bool() if _is_tensor(o) else bool(o))
+
+    def maximum(self, o):
+        a, b = self._operands(o, "maximum")
+        from .functional import stack
+
+        return stack([a, b]).max(0)
+
+    def minimum(self, o):
+        a, b = self._operands(o, "minimum")
+        return -((-a).maximum(-b))
+
+    def clamp(self, min=None, max=None):
+        x = self
+        if min is not None:
+            x = x.maximum(min)
+        if max is not None:
+            x = x.minimum(max)
+        return x
+
+    clip = clamp
+
+    def where(self, condition, other):
+        from .functional import where
+
+        return where(condition, self, other)
+
+    def masked_fill(self, mask, value):
+        """`value` where mask is true. Infinite values go through log2(0) = -inf so no 0 * inf appears."""
+        m = mask.to(self.dtype) if _is_tensor(mask) else mask
+        if math.isinf(value):
+            sign = -1 if value < 0 else 1
+            return self + sign * -(1 - m).log2()
+        return self * (1 - m) + m * value
+
+    # ---- reductions ----------------------------------------------------------------------------------------------
+    def sum(self, dim=None, keepdim: bool = False, dtype=None):
+        x = self.to(dtype) if dtype else (self.to(dt.int32) if self.dtype in (dt.bool_, dt.uint8) else self)
+        return x._reduce("SumReduce", dim, keepdim)
+
+    def max(self, dim=None, keepdim: bool = False):
+        return self._reduce("MaxReduce", dim, keepdim)
+
+    def min(self, dim=None, keepdim: bool = False):
+        return -((-self).max(dim, keepdim))
+
+    def amax(self, dim=None, keepdim=False):
+        return self.max(dim, keepdim)
+
+    def amin(self, dim=None, keepdim=False):
+        return self.min(dim, keepdim)
+
+    def _count(self, dim):
+        n = _core.Expr(1)
+        for a in self._dims(dim):
+            n = n * self.layout.shape[a]
+        return n
+
+    def mean(self, dim=None, keepdim: bool = False):
+        x = self._float()
+        return x.sum(dim, keepdim) / _scalar(self.graph, self._count(dim), x.dtype)
+
+    def var(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
+        corr = (1 if unbiased else 0) if correction is None else correction
+        x = self._float()
+        d = x - x.mean(dim, keepdim=True)
+        return (d * d).sum(dim, keepdim) / _scalar(self.graph, self._count(dim) - corr, x.dtype)
+
+    def std(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
+        return self.var(dim, unbiased, keepdim, correction).sqrt()
+
+    def prod(self, dim=None, keepdim: bool = False):
+        x = self._float()
+        mag = x.abs().log2().sum(dim, keepdim).exp2()
+        negs = x.lt(0).to(dt.int32).sum(dim, keepdim)
+        out = mag * (1 - 2 * negs.remainder(2).to(x.dtype))
+        return out if self.dtype.is_float else out.round().to(self.dtype)
+
+    def round(self):
+        # Round half to even, as torch does.
+        x = self._float()
+        f = (x + 0.5).floor()
+        tie = (f - x).eq(0.5) & f.remainder(2).eq(1)
+        return f - tie.to(x.dtype)
+
+    def floor(self):
+        return self - self.remainder(1)
+
+    def ceil(self):
+        return -((-self).floor())
+
+    def _arg(self, dim, keepdim, largest: bool) -> "Tensor":
+        x = (self if largest else -self)._float()
+        if dim is None:
+            x, dim = x.reshape(-1), 0
+        ax = x._axis(dim)
+        n = x.layout.shape[ax]
+        m = x.max(ax, keepdim=True)
+        idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
+        # First index of the max: maximise n - i over the positions that hit it.
+        score = x.eq(m).to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
+        out = _scalar(self.graph, n, dt.int32) - score.max(ax, keepdim)
+        return out
+
+    def argmax(self, dim=None, keepdim: bool = False):
+        return self._arg(dim, keepdim, True)
+
+    def argmin(self, dim=None, keepdim: bool = False):
+        return self._arg(dim, keepdim, False)
+
+    def softmax(self, dim: int = -1, dtype=None):
+        x = self.to(dtype) if dtype else self._float()
+        e = (x - x.max(dim, keepdim=True)).exp()
+        return e / e.sum(dim, keepdim=True)
+
+    def log_softmax(self, dim: int = -1, dtype=None):
+        x = self.to(dtype) if dtype else self._float()
+        s = x - x.max(dim, keepdim=True)
+        return s - s.exp().sum(dim, keepdim=True).log()
+
+    def logsumexp(self, dim=None, keepdim: bool = False):
+        x = self._float()
+        m = x.max(dim, keepdim=True)
+        out = (x - m).exp().sum(dim, keepdim=True).log() + m
+        return out if keepdim else out.squeeze(self._dims(dim))
+
+    def cumsum(self, dim: int):
+        ax = self._axis(dim)
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        if x.dtype in (dt.bool_, dt.uint8):
+            x = x.to(dt.int32)
+        n = x.layout.shape[-1]
+        j = _arange(self.graph, n)
+        keep = j.unsqueeze(0).le(j.unsqueeze(1)).to(x.dtype)  # keep[i, j] = j <= i
+        out = (x.unsqueeze(-2) * keep).sum(-1)
+        return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    # ---- movement (views) ----------------------------------------------------------------------------------------
+    def reshape(self, *shape) -> "Tensor":
+        shape = list(shape[0]) if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else list(shape)
+        shape = [_core.to_expr(d) for d in shape]
+        holes = [i for i, d in enumerate(shape) if d.is_const() and int(d) == -1]
+        if len(holes) > 1:
+            raise ValueError("reshape: only one dim can be -1")
+        if holes:
+            known = _core.Expr(1)
+            for i, d in enumerate(shape):
+                if i != holes[0]:
+                    known = known * d
+            total = _core.to_expr(self.numel())
+            q = total // known
+            if q * known != total:
+                raise ValueError(f"reshape: shape {_fmt(self.shape)} cannot be viewed as {_fmt(shape)}")
+            shape[holes[0]] = q
+        v = self.layout.reshape(shape)
+        if v is None:  # the layout needs a copy first
+            return self.contiguous()._with_view(_core.View.contiguous(shape))
+        return self._with_view(v)
+
+    def view(self, *shape) -> "Tensor":
+        return self.reshape(*shape)
+
+    def view_as(self, other) -> "Tensor":
+        return self.reshape(other.layout.shape)
+
+    def permute(self, *dims) -> "Tensor":
+        dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else list(dims)
+        return self._with_view(self.layout.permute([self._axis(d) for d in dims]))
+
+    def transpose(self, dim0: int, dim1: int) -> "Tensor":
+        p = list(range(self.ndim))
+        a, b = self._axis(dim0), self._axis(dim1)
+        p[a], p[b] = p[b], p[a]
+        return self.permute(p)
+
+    @property
+    def T(self):
+        return self.permute(list(range(self.ndim))[::-1])
+
+    @property
+    def mT(self):
+        return self.transpose(-2, -1)
+
+    def expand(self, *sizes) -> "Tensor":
+        sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else list(sizes)
+        extra = len(sizes) - self.ndim
+        if extra < 0:
+            raise ValueError(f"expand: {len(sizes)} sizes given for shape {_fmt(self.shape)}")
+        shape = []
+        for i, s in enumerate(sizes):
+            s = _core.to_expr(s)
+            shape.append(self.layout.shape[i - extra] if s.is_const() and int(s) == -1 else s)
+        try:
+            return self.expand_to(shape)
+        except ValueError as e:
+            raise ValueError(f"expand: cannot expand shape {_fmt(self.shape)} to {_fmt(shape)}: {e}") from None
+
+    def expand_as(self, other):
+        return self.expand_to(other.layout.shape)
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        return self._with_view(self.layout.unsqueeze(self._axis(dim, self.ndim + 1)))
+
+    def squeeze(self, dim=None) -> "Tensor":
+        dims = [i for i, d in enumerate(self.layout.shape) if d.is_const() and int(d) == 1] if dim is None else \
+            [a for a in self._dims(dim) if self.layout.shape[a].is_const() and int(self.layout.shape[a]) == 1]
+        v = self.layout
+        for a in sorted(dims, reverse=True):
+            v = v.squeeze(a)
+        return self._with_view(v)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = self._axis(start_dim), self._axis(end_dim)
+        shape = list(self.layout.shape)
+        n = _core.Expr(1)
+        for d in shape[s:e + 1]:
+            n = n * d
+        return self.reshape(shape[:s] + [n] + shape[e + 1:])
+
+    def contiguous(self) -> "Tensor":
+        if self.layout.is_contiguous():
+            return self
+        return self._new(self.graph._g.cast(self._edge(), self.dtype.name))  # a same-dtype Cast is a copy
+
+    def flip(self, dims) -> "Tensor":
+        v = self.layout
+        for a in self._dims(dims):
+            v = v.flip(a)
+        return self._with_view(v)
+
+    def pad(self, pad: Sequence, value: float = 0.0) -> "Tensor":
+        """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; negative pads crop."""
+        if len(pad) % 2 or len(pad) // 2 > self.ndim:
+            raise ValueError(f"pad: {len(pad)} values do not fit shape {_fmt(self.shape)}")
+        v = self.layout
+        for i in range(len(pad) // 2):
+            ax = self.ndim - 1 - i
+            lo, hi = _core.to_expr(pad[2 * i]), _core.to_expr(pad[2 * i + 1])
+            if lo.is_const() and int(lo) < 0:
+                v, lo = v.slice(ax, -lo, v.shape[ax]), _core.Expr(0)
+            if hi.is_const() and int(hi) < 0:
+                v, hi = v.slice(ax, 0, v.shape[ax] + hi), _core.Expr(0)
+            if not (lo == 0 and hi == 0):
+                v = v.pad(ax, lo, hi)
+        out = self._with_view(v)
+        if value != 0:
+            ones = self._const_like(1).pad(pad)
+            out = out + (1 - ones) * value
+        return out
+
+    def repeat(self, *sizes) -> "Tensor":
+        sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else list(sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"repeat: {len(sizes)} sizes for shape {_fmt(self.shape)}")
+        x = self
+        for _ in range(len(sizes) - self.ndim):
+            x = x.unsqueeze(0)
+        shape = list(x.layout.shape)
+        for i, r in enumerate(sizes):
+            if isinstance(r, int) and r == 1:
+                continue
+            # (.., n, ..) -> (.., r, n, ..) by broadcast, then merge the two dims.
+            y = x.unsqueeze(i)
+            y = y.expand_to(list(y.layout.shape[:i]) + [_core.to_expr(r)] + list(y.layout.shape[i + 1:]))
+            shape[i] = _core.to_expr(r) * shape[i]
+            x = y.reshape(shape)
+        return x
+
+    def split(self, split_size, dim: int = 0) -> list["Tensor"]:
+        ax = self._axis(dim)
+        n = self.layout.shape[ax]
+        if isinstance(split_size, (list, tuple)):
+            sizes = list(split_size)
+        else:
+            if not n.is_const():
+                raise ValueError("split: the dim is symbolic; give explicit sizes")
+            sizes = [split_size] * (int(n) // split_size) + ([int(n) % split_size] if int(n) % split_size else [])
+        out, start = [], _core.Expr(0)
+        for s in sizes:
+            out.append(self._with_view(self.layout.slice(ax, start, start + s)))
+            start = start + s
+        if start != n:
+            raise ValueError(f"split: sizes {sizes} do not add up to dim {dim} of shape {_fmt(self.shape)}")
+        return out
+
+    def chunk(self, chunks: int, dim: int = 0) -> list["Tensor"]:
+        n = self.layout.shape[self._axis(dim)]
+        if not n.is_const():
+            raise ValueError("chunk: the dim is symbolic")
+        size = -(-int(n) // chunks)
+        return self.split(size, dim)
+
+    def __getitem__(self, idx) -> "Tensor":
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        if any(_is_tensor(i) for i in idx):
+            if len(idx) == 1:
+                return self.index_select(0, idx[0]) if idx[0].ndim == 1 else \
+                    self.index_select(0, idx[0].reshape(-1)).reshape(*idx[0].shape, *self.shape[1:])
+            raise NotImplementedError("indexing with tensors is supported on the first dim only")
+        n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexError(f"too many indices ({n_real}) for a tensor of shape {_fmt(self.shape)}")
+        if Ellipsis in idx:
+            k = idx.index(Ellipsis)
+            idx = idx[:k] + (slice(None),) * (self.ndim - n_real) + idx[k + 1:]
+        v, ax, drop = self.layout, 0, []
+        for i in idx:
+            if i is None:
+                v = v.unsqueeze(ax)
+                ax += 1
+                continue
+            n = v.shape[ax]
+            if isinstance(i, slice):
+                step = 1 if i.step is None else int(i.step)
+                if step == 0:
+                    raise ValueError("slice step cannot be zero")
+                if step < 0:
+                    v = v.flip(ax)
+                    i = slice(None if i.start is None else _neg_index(i.start, n),
+                              None if i.stop is None else _neg_index(i.stop, n), -step)
+                    step = -step
+                start = _clamp_index(i.start, n, 0)
+                stop = _clamp_index(i.stop, n, n)
+                stop = stop.max(start) if not (stop - start).is_const() else (stop if int(stop - start) > 0 else start)
+                v = v.slice(ax, start, stop, step)
+                ax += 1
+            elif isinstance(i, (int, np.integer, _core.Expr)):
+                j = _core.to_expr(i)
+                if j.is_const():
+                    if n.is_const() and not -int(n) <= int(j) < int(n):
+                        raise IndexError(f"index {int(j)} is out of range for dim {ax} of size {int(n)}")
+                    if int(j) < 0:
+                        j = n + j
+                v = v.slice(ax, j, j + 1)
+                drop.append(ax)
+                ax += 1
+            else:
+                raise TypeError(f"unsupported index {i!r}")
+        for a in reversed(drop):
+            v = v.squeeze(a)
+        return self._with_view(v)
+
+    # ---- gathers -------------------------------------------------------------------------------------------------
+    def index_select(self, dim: int, index: "Tensor") -> "Tensor":
+        ax = self._axis(dim)
+        if index.ndim != 1:
+            raise ValueError(f"index_select: index must be 1-D, got shape {_fmt(index.shape)}")
+        table = self.transpose(0, ax) if ax else self
+        out = self._new(self.graph._g.gather(table._edge(), index.to(dt.int32)._edge()))
+        return out.transpose(0, ax) if ax else out
+
+    def gather(self, dim: int, index: "Tensor") -> "Tensor":
+        """torch.gather: out[i][j][k] = self[i][index[i][j][k]][k] for dim=1."""
+        ax = self._axis(dim)
+        if index.ndim != self.ndim:
+            raise ValueError(f"gather: index shape {_fmt(index.shape)} and input shape {_fmt(self.shape)} "
+                             "must have the same number of dims")
+        src = self.contiguous()
+        strides = _core.View.contiguous(src.layout.shape).strides
+        flat = index.to(dt.int32) * _scalar(self.graph, strides[ax], dt.int32)
+        for d in range(self.ndim):
+            if d != ax:
+                flat = flat + _arange_along(index, d) * _scalar(self.graph, strides[d], dt.int32)
+        table = src.reshape(-1)
+        return self._new(self.graph._g.gather(table._edge(), flat._edge()))
+
+    # ---- matmul --------------------------------------------------------------------------------------------------
+    def matmul(self, other: "Tensor") -> "Tensor":
+        a, b = self, other
+        if a.ndim == 0 or b.ndim == 0:
+            raise ValueError("matmul: both operands need at least one dim")
+        va, vb = a.ndim == 1, b.ndim == 1
+        if va:
+            a = a.unsqueeze(0)
+        if vb:
+            b = b.unsqueeze(1)
+        if a.layout.shape[-1] != b.layout.shape[-2]:
+            raise ValueError(f"matmul: shape mismatch {_fmt(self.shape)} @ {_fmt(other.shape)} "
+                             f"(inner dims {a.layout.shape[-1]} and {b.layout.shape[-2]})")
+        t = dt.result_type(a.dtype, b.dtype)
+        a, b = a.to(t), b.to(t)
+        batch = broadcast_shapes(a.layout.shape[:-2], b.layout.shape[:-2], "matmul")
+        m, k, n = a.layout.shape[-2], a.layout.shape[-1], b.layout.shape[-1]
+        # (.., m, 1, k) * (.., 1, n, k) summed over k: the broadcast-Mul + SumReduce that compilers turn into GEMMs.
+        a3 = a.unsqueeze(-2).expand_to(list(batch) + [m, n, k])
+        b3 = b.transpose(-1, -2).unsqueeze(-3).expand_to(list(batch) + [m, n, k])
+        out = (a3 * b3).sum(-1)
+        if va:
+            out = out.squeeze(-2)
+        if vb:
+            out = out.squeeze(-1)
+        return out
+
+    __matmul__ = matmul
+
+    def __rmatmul__(self, other):
+        return other.matmul(self)
+
+    # ---- nn helpers ----------------------------------------------------------------------------------------------
+    def linear(self, weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
+        out = self.matmul(weight.T)
+        return out + bias if bias is not None else out
+
+    def layer_norm(self, normalized_shape=None, weight=None, bias=None, eps: float = 1e-5):
+        nd = 1 if normalized_shape is None else (1 if isinstance(normalized_shape, int) else len(normalized_shape))
+        dims = list(range(-nd, 0))
+        x = self._float()
+        mu = x.mean(dims, keepdim=True)
+        d = x - mu
+        out = d * ((d * d).mean(dims, keepdim=True) + eps).rsqrt()
+        if weight is not None:
+            out = out * weight
+        if bias is not None:
+            out = out + bias
+        return out
+
+    def rms_norm(self, normalized_shape=None, weight=None, eps: float = 1e-6):
+        nd = 1 if normalized_shape is None else (1 if isinstance(normalized_shape, int) else len(normalized_shape))
+        dims = list(range(-nd, 0))
+        x = self._float()
+        out = x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt()
+        return out * weight if weight is not None else out
+
+    def triu(self, diagonal: int = 0):
+        from .functional import triu
+
+        return triu(self, diagonal)
+
+    def tril(self, diagonal: int = 0):
+        from .functional import tril
+
+        return tril(self, diagonal)
+
+
+def broadcast_shapes(a, b, op: str):
+    """NumPy broadcasting over dims that may be symbolic."""
+    n = max(len(a), len(b))
+    a = [_core.Expr(1)] * (n - len(a)) + list(a)
+    b = [_core.Expr(1)] * (n - len(b)) + list(b)
+    out = []
+    for x, y in zip(a, b):
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            raise ValueError(f"{op}: shapes {_fmt(a)} and {_fmt(b)} cannot be broadcast together")
+    return out
+
+
+def _scalar(graph, value, dtype: DType) -> Tensor:
+    """A scalar tensor from an int or a symbolic Expr (via Iota, so dims bound at run time flow in)."""
+    e = _core.to_expr(value)
+    if e.is_const():
+        return graph.constant(int(e), dtype)
+    return _sym_scalar(graph, e, dtype)
+
+
+def _sym_scalar(graph, e, dtype: DType) -> Tensor:
+    t = graph._wrap(graph._g.iota(e, 1)).reshape([])
+    return t.to(dtype)
+
+
+def _arange(graph, n) -> Tensor:
+    return graph._wrap(graph._g.iota(_core.Expr.var("z"), n))
+
+
+def _arange_along(x: Tensor, ax: int) -> Tensor:
+    """0..n-1 along dim `ax` of x, broadcast to x's shape (int32)."""
+    r = _arange(x.graph, x.layout.shape[ax])
+    for _ in range(x.ndim - 1 - ax):
+        r = r.unsqueeze(-1)
+    return r.expand_to(x.layout.shape)
+
+
+def _neg_index(i, n):
+    j = _core.to_expr(i)
+    return n + j if j.is_const() and int(j) < 0 else j
+
+
+def _clamp_index(i, n, default):
+    if i is None:
+        return _core.to_expr(default)
+    j = _core.to_expr(i)
+    if j.is_const():
+        v = int(j)
+        if v < 0:
+            j = n + v
+            return j.max(0) if not j.is_const() else _core.Expr(max(int(j), 0))
+        return j.min(n) if not n.is_const() else _core.Expr(min(v, int(n)))
+    return j

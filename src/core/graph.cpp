@@ -1,0 +1,234 @@
+#include "core/graph.h"
+
+#include <stdexcept>
+
+namespace luminal {
+
+const char* op_name(Op op) {
+  static const char* names[] = {"Input", "Constant", "Output", "Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul",
+                                "Mod", "LessThan", "SumReduce", "MaxReduce", "Iota", "Gather", "Scatter", "Cast",
+                                "Custom"};
+  return names[int(op)];
+}
+bool is_unary(Op op) { return op >= Op::Log2 && op <= Op::Recip; }
+bool is_binary(Op op) { return op >= Op::Add && op <= Op::LessThan; }
+
+int64_t Buffer::numel() const {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+Buffer Buffer::alloc(DType dtype, std::vector<int64_t> shape) {
+  Buffer b;
+  b.dtype = dtype;
+  b.shape = std::move(shape);
+  size_t bytes = std::max<size_t>(b.nbytes(), 1);
+  b.data = std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); });
+  return b;
+}
+
+namespace {
+std::invalid_argument err(Op op, const std::string& msg) {
+  return std::invalid_argument(std::string(op_name(op)) + ": " + msg);
+}
+}  // namespace
+
+void Graph::check_edge(const Edge& e, const char* op) const {
+  if (e.node < 0 || e.node >= int64_t(nodes_.size()) || !nodes_[e.node].alive)
+    throw std::invalid_argument(std::string(op) + ": input node " + std::to_string(e.node) + " does not exist");
+  if (nodes_[e.node].op == Op::Output)
+    throw std::invalid_argument(std::string(op) + ": an Output node cannot feed another op");
+}
+
+int64_t Graph::add(Node n) {
+  const char* name = op_name(n.op);
+  for (auto& e : n.inputs) check_edge(e, name);
+  auto in_dtype = [&](size_t i) { return nodes_[n.inputs[i].node].dtype; };
+  auto need_inputs = [&](size_t k) {
+    if (n.inputs.size() != k)
+      throw err(n.op, "expects " + std::to_string(k) + " inputs, got " + std::to_string(n.inputs.size()));
+  };
+  switch (n.op) {
+    case Op::Input: case Op::Constant: need_inputs(0); break;
+    case Op::Output: case Op::Cast:
+      need_inputs(1);
+      n.shape = n.inputs[0].view.shape;
+      if (n.op == Op::Output) n.dtype = in_dtype(0);
+      break;
+    case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip:
+      need_inputs(1);
+      n.dtype = in_dtype(0);
+      if (!is_float(n.dtype)) throw err(n.op, std::string("needs a float input, got ") + dtype_name(n.dtype));
+      n.shape = n.inputs[0].view.shape;
+      break;
+    case Op::Add: case Op::Mul: case Op::Mod: case Op::LessThan: {
+      need_inputs(2);
+      auto& sa = n.inputs[0].view.shape;
+      auto& sb = n.inputs[1].view.shape;
+      if (sa != sb) throw err(n.op, "shape mismatch " + shape_str(sa) + " vs " + shape_str(sb));
+      if (in_dtype(0) != in_dtype(1))
+        throw err(n.op, std::string("dtype mismatch ") + dtype_name(in_dtype(0)) + " vs " + dtype_name(in_dtype(1)));
+      n.shape = sa;
+      n.dtype = n.op == Op::LessThan ? DType::Bool : in_dtype(0);
+      break;
+    }
+    case Op::SumReduce: case Op::MaxReduce: {
+      need_inputs(1);
+      auto s = n.inputs[0].view.shape;
+      if (n.axis < 0 || n.axis >= int(s.size()))
+        throw err(n.op, "axis " + std::to_string(n.axis) + " out of range for shape " + shape_str(s));
+      s.erase(s.begin() + n.axis);
+      n.shape = s;
+      n.dtype = in_dtype(0);
+      break;
+    }
+    case Op::Iota:
+      need_inputs(0);
+      if (n.shape.size() != 1) throw err(n.op, "is one-dimensional");
+      n.dtype = DType::I32;
+      break;
+    case Op::Gather: {
+      need_inputs(2);
+      auto& t = n.inputs[0].view.shape;
+      auto& i = n.inputs[1].view.shape;
+      if (t.empty()) throw err(n.op, "the table needs at least one dim");
+      if (in_dtype(1) != DType::I32) throw err(n.op, std::string("indices must be int32, got ") + dtype_name(in_dtype(1)));
+      n.shape = i;
+      n.shape.insert(n.shape.end(), t.begin() + 1, t.end());
+      n.dtype = in_dtype(0);
+      break;
+    }
+    case Op::Scatter: {
+      need_inputs(3);
+      auto& d = n.inputs[0].view.shape;
+      auto& i = n.inputs[1].view.shape;
+      auto& s = n.inputs[2].view.shape;
+      if (d.empty()) throw err(n.op, "the destination needs at least one dim");
+      if (in_dtype(1) != DType::I32) throw err(n.op, std::string("indices must be int32, got ") + dtype_name(in_dtype(1)));
+      Shape want = i;
+      want.insert(want.end(), d.begin() + 1, d.end());
+      if (want != s) throw err(n.op, "source shape " + shape_str(s) + " does not match " + shape_str(want) +
+                                         " (indices " + shape_str(i) + " + destination " + shape_str(d) + " rows)");
+      if (in_dtype(0) != in_dtype(2))
+        throw err(n.op, std::string("dtype mismatch ") + dtype_name(in_dtype(0)) + " vs " + dtype_name(in_dtype(2)));
+      n.shape = d;
+      n.dtype = in_dtype(0);
+      break;
+    }
+    case Op::Custom:
+      if (n.name.empty()) throw err(n.op, "needs a name");
+      break;
+  }
+  n.alive = true;
+  nodes_.push_back(std::move(n));
+  return int64_t(nodes_.size()) - 1;
+}
+
+int64_t Graph::input(const Shape& shape, DType dtype, const std::string& name) {
+  Node n{Op::Input, dtype, shape};
+  n.name = name;
+  return add(std::move(n));
+}
+int64_t Graph::constant(double value, DType dtype) {
+  Node n{Op::Constant, dtype, {}};
+  n.value = value;
+  return add(std::move(n));
+}
+int64_t Graph::output(const Edge& x) { return add(Node{Op::Output, DType::F32, {}, {x}}); }
+int64_t Graph::unary(Op op, const Edge& x) {
+  if (!is_unary(op)) throw err(op, "is not a unary op");
+  return add(Node{op, DType::F32, {}, {x}});
+}
+int64_t Graph::binary(Op op, const Edge& a, const Edge& b) {
+  if (!is_binary(op)) throw err(op, "is not a binary op");
+  return add(Node{op, DType::F32, {}, {a, b}});
+}
+int64_t Graph::reduce(Op op, const Edge& x, int axis) {
+  if (op != Op::SumReduce && op != Op::MaxReduce) throw err(op, "is not a reduction");
+  Node n{op, DType::F32, {}, {x}};
+  n.axis = axis;
+  return add(std::move(n));
+}
+int64_t Graph::iota(const Expr& expr, const Expr& len) {
+  Node n{Op::Iota, DType::I32, {len}};
+  n.expr = expr;
+  return add(std::move(n));
+}
+int64_t Graph::gather(const Edge& table, const Edge& idx) { return add(Node{Op::Gather, DType::F32, {}, {table, idx}}); }
+int64_t Graph::scatter(const Edge& dest, const Edge& idx, const Edge& src) {
+  return add(Node{Op::Scatter, DType::F32, {}, {dest, idx, src}});
+}
+int64_t Graph::cast(const Edge& x, DType dtype) { return add(Node{Op::Cast, dtype, {}, {x}}); }
+int64_t Graph::custom(const std::string& name, const std::vector<Edge>& inputs, const Shape& shape, DType dtype) {
+  Node n{Op::Custom, dtype, shape, inputs};
+  n.name = name;
+  return add(std::move(n));
+}
+
+const Node& Graph::node(int64_t id) const {
+  if (id < 0 || id >= int64_t(nodes_.size())) throw std::out_of_range("no node with id " + std::to_string(id));
+  return nodes_[id];
+}
+Node& Graph::node_mut(int64_t id) { return const_cast<Node&>(node(id)); }
+
+std::vector<int64_t> Graph::topo_order() const {
+  // Ids grow with insertion, but rewrites may point an old node at a newer one: order by DFS.
+  std::vector<int64_t> order;
+  std::vector<uint8_t> state(nodes_.size(), 0);  // 0 new, 1 on stack, 2 done
+  std::vector<std::pair<int64_t, size_t>> stack;
+  for (int64_t root = 0; root < int64_t(nodes_.size()); ++root) {
+    if (!nodes_[root].alive || state[root]) continue;
+    stack.push_back({root, 0});
+    state[root] = 1;
+    while (!stack.empty()) {
+      auto& [id, k] = stack.back();
+      if (k < nodes_[id].inputs.size()) {
+        int64_t in = nodes_[id].inputs[k++].node;
+        if (state[in] == 1) throw std::logic_error("graph has a cycle through node " + std::to_string(in));
+        if (state[in] == 0) { state[in] = 1; stack.push_back({in, 0}); }
+      } else {
+        state[id] = 2;
+        order.push_back(id);
+        stack.pop_back();
+      }
+    }
+  }
+  return order;
+}
+
+std::vector<int64_t> Graph::outputs() const {
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < int64_t(nodes_.size()); ++i)
+    if (nodes_[i].alive && nodes_[i].op == Op::Output) out.push_back(i);
+  return out;
+}
+
+size_t Graph::alive_count() const {
+  size_t n = 0;
+  for (auto& x : nodes_) n += x.alive;
+  return n;
+}
+
+void Graph::replace_uses(int64_t old_id, int64_t new_id) {
+  if (old_id == new_id) return;
+  for (auto& n : nodes_)
+    if (n.alive)
+      for (auto& e : n.inputs)
+        if (e.node == old_id) e.node = new_id;
+  remap_[old_id] = new_id;
+}
+
+void Graph::remove(int64_t id) { node_mut(id).alive = false; }
+
+int64_t Graph::resolve(int64_t id) const {
+  for (auto it = remap_.find(id); it != remap_.end(); it = remap_.find(id)) id = it->second;
+  return id;
+}
+
+const CustomKernel* Graph::kernel(const std::string& name) const {
+  auto it = kernels_.find(name);
+  return it == kernels_.end() ? nullptr : &it->second;
+}
+
+}  // namespace luminal

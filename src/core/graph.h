@@ -1,0 +1,99 @@
+// The graph: nodes of primitive ops whose input edges carry views of their producers' outputs.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/expr.h"
+#include "core/view.h"
+
+namespace luminal {
+
+enum class Op : uint8_t {
+  // plumbing
+  Input, Constant, Output,
+  // the primitive ops
+  Log2, Exp2, Sin, Sqrt, Recip,
+  Add, Mul, Mod, LessThan,
+  SumReduce, MaxReduce,
+  Iota, Gather, Scatter, Cast,
+  // an op a compiler put in place, executed by a registered kernel
+  Custom,
+};
+
+const char* op_name(Op op);
+bool is_unary(Op op);
+bool is_binary(Op op);
+
+struct Edge {
+  int64_t node;
+  View view;  // how the consumer reads the producer's contiguous output
+};
+
+struct Node {
+  Op op;
+  DType dtype;
+  Shape shape;               // output shape; outputs are stored contiguously
+  std::vector<Edge> inputs;
+  int axis = -1;             // SumReduce / MaxReduce
+  double value = 0;          // Constant
+  Expr expr;                 // Iota: the value at index `z`
+  std::string name;          // Input's name, Custom's op name
+  bool alive = true;
+};
+
+// A materialised tensor: contiguous elements of `dtype`.
+struct Buffer {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::shared_ptr<void> data;
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  static Buffer alloc(DType dtype, std::vector<int64_t> shape);
+};
+
+// A custom op's CPU implementation: contiguous inputs in, the output (of the dtype asked for) out.
+using CustomKernel = std::function<Buffer(const std::vector<Buffer>&, DType out_dtype)>;
+
+class Graph {
+ public:
+  // Builders; each checks shapes and dtypes and throws std::invalid_argument naming the op and shapes.
+  int64_t input(const Shape& shape, DType dtype, const std::string& name);
+  int64_t constant(double value, DType dtype);
+  int64_t output(const Edge& x);
+  int64_t unary(Op op, const Edge& x);
+  int64_t binary(Op op, const Edge& a, const Edge& b);
+  int64_t reduce(Op op, const Edge& x, int axis);
+  int64_t iota(const Expr& expr, const Expr& n);
+  int64_t gather(const Edge& table, const Edge& idx);
+  int64_t scatter(const Edge& dest, const Edge& idx, const Edge& src);
+  int64_t cast(const Edge& x, DType dtype);
+  int64_t custom(const std::string& name, const std::vector<Edge>& inputs, const Shape& shape, DType dtype);
+  int64_t add(Node n);  // generic: validates by op, appends, returns the new id
+
+  const Node& node(int64_t id) const;
+  Node& node_mut(int64_t id);
+  size_t size() const { return nodes_.size(); }
+  std::vector<int64_t> topo_order() const;  // alive nodes, producers first
+  std::vector<int64_t> outputs() const;     // alive Output nodes
+  size_t alive_count() const;
+
+  // Rewrites: consumers of `old_id` read `new_id` instead, and ids users hold follow.
+  void replace_uses(int64_t old_id, int64_t new_id);
+  void remove(int64_t id);
+  int64_t resolve(int64_t id) const;  // follows the remap of replaced nodes
+
+  void register_kernel(const std::string& name, CustomKernel k) { kernels_[name] = std::move(k); }
+  const CustomKernel* kernel(const std::string& name) const;
+
+ private:
+  void check_edge(const Edge& e, const char* op) const;
+  std::vector<Node> nodes_;
+  std::unordered_map<int64_t, int64_t> remap_;
+  std::unordered_map<std::string, CustomKernel> kernels_;
+};
+
+}  // namespace luminal
