@@ -1,10 +1,24 @@
-"""Compiler plumbing on the Python side (filled in by the compilers issue)."""
+"""Compilers: anything with `compile(graph, remap)` that rewrites the graph. Built-in passes run in the C++ core;
+Python compilers use the same pattern engine through `find` / `rewrite` and the pattern builders below.
+
+    class SubtractionCompiler:
+        def compile(self, graph, remap):
+            pat = op("Add", any_("a"), op("Mul", any_("b"), const(-1)))
+            return rewrite(graph, pat, lambda g, m: SUBTRACT(g, m["a"], m["b"]))
+"""
 from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import _core
+from . import dtypes as dt
 
 
 class Remap:
-    """Ids users hold follow rewrites automatically (the core records each replacement); compilers that replace
-    nodes by hand call `replace(old, new)`."""
+    """Ids users hold follow rewrites: the core records every replacement and `Tensor.id` resolves through it.
+    A compiler that rewires by hand calls `replace(old, new)`."""
 
     def __init__(self, graph):
         self.graph = graph
@@ -12,7 +26,151 @@ class Remap:
     def replace(self, old: int, new: int):
         self.graph._g.replace_uses(old, new)
 
+    def __call__(self, nid: int) -> int:
+        return self.graph._g.resolve(nid)
+
+
+# ---- patterns ---------------------------------------------------------------------------------------------------
+def op(name: str, *inputs, bind: str = "", dtype=None, single_use: bool = False, commutative: bool = True,
+       where=None) -> _core.Pattern:
+    """A node of op `name` whose inputs match `inputs` (in either order for Add/Mul unless commutative=False)."""
+    return _core.Pattern(op=name, name=bind, inputs=list(inputs), dtype=None if dtype is None else dt.dtype(dtype).name,
+                         single_use=single_use, commutative=commutative, where=where)
+
+
+def any_(name: str = "", dtype=None, where=None) -> _core.Pattern:
+    """Any node; binds (node, view) under `name`."""
+    return _core.Pattern(name=name, dtype=None if dtype is None else dt.dtype(dtype).name, where=where)
+
+
+def const(value=None, name: str = "") -> _core.Pattern:
+    """A Constant node (of the given value, if any)."""
+    return _core.Pattern(op="Constant", name=name, value=None if value is None else float(value))
+
+
+def find(graph, pattern) -> list:
+    return _core.find(graph._g, pattern)
+
+
+def rewrite(graph, pattern, fn, name: str = "python rule") -> int:
+    """One sweep: fn(graph, match) returns a Tensor or node id to replace the match's root, or None. Returns the
+    number of rewrites."""
+
+    def call(_g, m):
+        r = fn(graph, m)
+        return r.id if hasattr(r, "id") and not isinstance(r, int) else r
+
+    return _core.rewrite(graph._g, pattern, call, name)
+
+
+# ---- custom ops ---------------------------------------------------------------------------------------------------
+class CustomOp:
+    """An op a compiler puts in the graph, with its CPU implementation as a numpy function.
+
+    `SUBTRACT = CustomOp("Subtract", lambda a, b: a - b)`; then `SUBTRACT(graph, edge_a, edge_b)` adds a node
+    whose shape and dtype are the first input's unless given."""
+
+    def __init__(self, name: str, cpu, shape_fn=None, dtype_fn=None):
+        self.name, self.cpu, self.shape_fn, self.dtype_fn = name, cpu, shape_fn, dtype_fn
+
+    def __call__(self, graph, *edges, shape=None, dtype=None) -> int:
+        first = graph._g.node(edges[0].node)
+        shape = shape if shape is not None else (self.shape_fn(*edges) if self.shape_fn else edges[0].view.shape)
+        dtype = dt.dtype(dtype or (self.dtype_fn(*edges) if self.dtype_fn else first.dtype))
+        graph._g.register_kernel(self.name, self._kernel)
+        return graph._g.custom(self.name, list(edges), list(shape), dtype.name)
+
+    def _kernel(self, *args):
+        *arrays, out_dtype = args
+        arrays = [dt.bf16_to_f32(a) if a.dtype == np.uint16 else a for a in arrays]
+        out = np.asarray(self.cpu(*arrays))
+        want = dt.dtype(out_dtype)
+        return dt.bf16_bits(out) if want is dt.bfloat16 else np.ascontiguousarray(out, dtype=want.np)
+
+
+# ---- composition ----------------------------------------------------------------------------------------------------
+def _fingerprint(graph):
+    g = graph._g
+    return len(g), g.alive_count()
+
+
+class Sequence:
+    """Runs compilers in order; returns the total number of changes."""
+
+    def __init__(self, *compilers):
+        self.compilers = list(compilers)
+
+    def compile(self, graph, remap):
+        return sum(_run(c, graph, remap) for c in self.compilers)
+
+
+class FixedPoint:
+    """Repeats a compiler until it changes nothing (at most `max_iters` times)."""
+
+    def __init__(self, compiler, max_iters: int = 32):
+        self.compiler, self.max_iters = compiler, max_iters
+
+    def compile(self, graph, remap):
+        total = 0
+        for _ in range(self.max_iters):
+            n = _run(self.compiler, graph, remap)
+            total += n
+            if n == 0:
+                break
+        return total
+
+
+def _run(c, graph, remap) -> int:
+    """A compiler's change count; one that returns None counts as changed when the graph's size moved."""
+    before = _fingerprint(graph)
+    n = c.compile(graph, remap)
+    return int(n) if n is not None else int(_fingerprint(graph) != before)
+
+
+# ---- GenericCompiler's passes -----------------------------------------------------------------------------------------
+class _CorePass:
+    fn = None
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.changes = 0
+
+    def compile(self, graph, remap):
+        t = time.perf_counter()
+        n = type(self).fn(graph._g)
+        self.seconds += time.perf_counter() - t
+        self.changes += n
+        return n
+
+    def __repr__(self):
+        return type(self).__name__ + "()"
+
+
+class DeadNodeRemoval(_CorePass):
+    """Removes nodes no output (or kept tensor) depends on."""
+    fn = staticmethod(_core.remove_dead_nodes)
+
+
+class CSE(_CorePass):
+    """Merges structurally identical nodes (op, attributes, inputs and their views)."""
+    fn = staticmethod(_core.eliminate_common_subexpressions)
+
+
+class ArithmeticIdentities(_CorePass):
+    """x+0, x*1, -(-x), recip(recip(x)), exp2(log2(x)), no-op casts and copies."""
+    fn = staticmethod(_core.apply_arithmetic_identities)
+
+
+class ConstantFolding(_CorePass):
+    """Evaluates ops on constants (and integer arithmetic on symbolic scalars) at compile time."""
+    fn = staticmethod(_core.fold_constants)
+
 
 class GenericCompiler:
+    """The hardware-agnostic passes, to a fixed point. Runs first. `passes` keep their time and change counts."""
+
+    def __init__(self):
+        self.passes = [ConstantFolding(), ArithmeticIdentities(), CSE(), DeadNodeRemoval()]
+
     def compile(self, graph, remap):
-        pass
+        return FixedPoint(Sequence(*self.passes)).compile(graph, remap)

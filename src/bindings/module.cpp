@@ -12,6 +12,10 @@
 namespace py = pybind11;
 using namespace luminal;
 
+namespace luminal {
+void bind_compiler(py::module_& m);  // compiler_bindings.cpp
+}
+
 
 namespace {
 
@@ -189,6 +193,9 @@ PYBIND11_MODULE(_core, m) {
       .def("resolve", &Graph::resolve)
       .def("replace_uses", &Graph::replace_uses)
       .def("remove", &Graph::remove)
+      .def("replace_uses_scalar", &Graph::replace_uses_scalar)
+      .def("users", &Graph::users)
+      .def("keep", &Graph::keep)
       .def("register_kernel", [](Graph& g, const std::string& name, py::function fn) {
         // The kernel runs Python: take the GIL, hand it numpy arrays, check what comes back.
         g.register_kernel(name, [fn, name](const std::vector<Buffer>& ins, DType out_dtype) {
@@ -227,5 +234,7 @@ PYBIND11_MODULE(_core, m) {
     for (auto& [id, buf] : out) r[py::int_(id)] = to_numpy(buf);
     return r;
   }, "Run the graph's Output nodes with the reference executor; returns {output id: array}.");
+
+  bind_compiler(m);
 
 }

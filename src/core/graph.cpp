@@ -1,5 +1,6 @@
 #include "core/graph.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace luminal {
@@ -121,8 +122,11 @@ int64_t Graph::add(Node n) {
       break;
   }
   n.alive = true;
+  int64_t id = int64_t(nodes_.size());
+  for (auto& e : n.inputs) users_[e.node].push_back(id);
   nodes_.push_back(std::move(n));
-  return int64_t(nodes_.size()) - 1;
+  users_.emplace_back();
+  return id;
 }
 
 int64_t Graph::input(const Shape& shape, DType dtype, const std::string& name) {
@@ -210,13 +214,55 @@ size_t Graph::alive_count() const {
   return n;
 }
 
+void Graph::check_replacement(int64_t old_id, int64_t new_id, bool scalar) const {
+  const Node &a = node(old_id), &b = node(new_id);
+  if (a.dtype != b.dtype || (scalar ? numel(b.shape) != Expr(1) : a.shape != b.shape))
+    throw std::logic_error(std::string("a rewrite replaced ") + op_name(a.op) + " " + shape_str(a.shape) + " " +
+                           dtype_name(a.dtype) + " with " + op_name(b.op) + " " + shape_str(b.shape) + " " +
+                           dtype_name(b.dtype));
+}
+
+std::vector<int64_t> Graph::users(int64_t id) const {
+  std::vector<int64_t> out;
+  for (int64_t u : users_.at(id)) {
+    if (!nodes_[u].alive || std::find(out.begin(), out.end(), u) != out.end()) continue;
+    for (auto& e : nodes_[u].inputs)
+      if (e.node == id) { out.push_back(u); break; }
+  }
+  return out;
+}
+
 void Graph::replace_uses(int64_t old_id, int64_t new_id) {
   if (old_id == new_id) return;
-  for (auto& n : nodes_)
-    if (n.alive)
-      for (auto& e : n.inputs)
-        if (e.node == old_id) e.node = new_id;
+  check_replacement(old_id, new_id, false);
+  for (int64_t u : users(old_id)) {
+    for (auto& e : nodes_[u].inputs)
+      if (e.node == old_id) e.node = new_id;
+    users_[new_id].push_back(u);
+  }
+  users_[old_id].clear();
   remap_[old_id] = new_id;
+}
+
+void Graph::replace_uses_scalar(int64_t old_id, int64_t new_id) {
+  check_replacement(old_id, new_id, true);
+  for (int64_t u : users(old_id)) {
+    for (auto& e : nodes_[u].inputs)
+      if (e.node == old_id) {
+        // Every element of a one-value buffer is at offset 0: keep the shape and mask, zero the strides.
+        e.node = new_id;
+        for (auto& s : e.view.strides) s = Expr(0);
+        e.view.offset = Expr(0);
+      }
+    users_[new_id].push_back(u);
+  }
+  users_[old_id].clear();
+}
+
+std::vector<int64_t> Graph::kept() const {
+  std::vector<int64_t> out;
+  for (auto id : kept_) out.push_back(resolve(id));
+  return out;
 }
 
 void Graph::remove(int64_t id) { node_mut(id).alive = false; }

@@ -81,17 +81,25 @@ class Graph {
   std::vector<int64_t> outputs() const;     // alive Output nodes
   size_t alive_count() const;
 
-  // Rewrites: consumers of `old_id` read `new_id` instead, and ids users hold follow.
+  // Rewrites: consumers of `old_id` read `new_id` (same shape and dtype) instead, and ids users hold follow.
   void replace_uses(int64_t old_id, int64_t new_id);
+  // The same for a replacement holding one value (numel 1): each consumer reads it broadcast to its view.
+  void replace_uses_scalar(int64_t old_id, int64_t new_id);
   void remove(int64_t id);
   int64_t resolve(int64_t id) const;  // follows the remap of replaced nodes
+  std::vector<int64_t> users(int64_t id) const;  // alive consumers, each once
+  void keep(int64_t id) { kept_.push_back(id); }  // survives dead-node removal
+  std::vector<int64_t> kept() const;
 
   void register_kernel(const std::string& name, CustomKernel k) { kernels_[name] = std::move(k); }
   const CustomKernel* kernel(const std::string& name) const;
 
  private:
   void check_edge(const Edge& e, const char* op) const;
+  void check_replacement(int64_t old_id, int64_t new_id, bool scalar) const;
   std::vector<Node> nodes_;
+  std::vector<std::vector<int64_t>> users_;  // producer -> consumers (may hold stale entries; users() filters)
+  std::vector<int64_t> kept_;
   std::unordered_map<int64_t, int64_t> remap_;
   std::unordered_map<std::string, CustomKernel> kernels_;
 };
