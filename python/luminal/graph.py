@@ -37,6 +37,7 @@ class Graph:
         self._results: dict[int, np.ndarray] = {}
         self._runtime = None  # set by a backend compiler; None runs the reference executor
         self.compilers: list = []
+        self._dot_before_compile = None
         _current.graph = self
 
     def __enter__(self):
@@ -86,7 +87,10 @@ class Graph:
     def compile(self, *compilers):
         """Applies compilers in order; each is anything with `compile(graph, remap)`."""
         from .compiler import Remap
+        from .display import snapshot
 
+        if self._dot_before_compile is None and len(self._g) < 2000:
+            self._dot_before_compile = snapshot(self)
         remap = Remap(self)
         for c in compilers:
             for cc in c if isinstance(c, (list, tuple)) else [c]:
@@ -129,10 +133,11 @@ class Graph:
 
         return to_dot(self, title)
 
-    def display(self, path: str | None = None, fmt: str = "svg"):
+    def display(self, path: str | None = None, fmt: str = "svg", compare: bool = True):
+        """Renders the graph with Graphviz (beside the graph before compilation, if compiled); returns the path."""
         from .display import display
 
-        return display(self, path, fmt)
+        return display(self, path, fmt, compare)
 
     # ---- graph-level factories (PyTorch names) ------------------------------------------------------------------
     def arange(self, start, end=None, step=1, dtype=None):

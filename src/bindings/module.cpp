@@ -198,10 +198,12 @@ PYBIND11_MODULE(_core, m) {
       .def("keep", &Graph::keep)
       .def("register_kernel", [](Graph& g, const std::string& name, py::function fn) {
         // The kernel runs Python: take the GIL, hand it numpy arrays, check what comes back.
-        g.register_kernel(name, [fn, name](const std::vector<Buffer>& ins, DType out_dtype) {
+        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, DType out_dtype) {
+          std::vector<Buffer> dense;  // Python kernels get contiguous arrays
+          for (auto& a : ins) dense.push_back(materialize(*a.buf, a.view));
           py::gil_scoped_acquire gil;
           py::list args;
-          for (auto& b : ins) args.append(to_numpy(b));
+          for (auto& b : dense) args.append(to_numpy(b));
           py::object r = fn(*args, py::str(dtype_name(out_dtype)));
           py::array arr = py::array::ensure(r, py::array::c_style);
           if (!arr) throw std::runtime_error("custom op '" + name + "' must return a numpy array");

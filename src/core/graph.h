@@ -55,8 +55,14 @@ struct Buffer {
   static Buffer alloc(DType dtype, std::vector<int64_t> shape);
 };
 
-// A custom op's CPU implementation: contiguous inputs in, the output (of the dtype asked for) out.
-using CustomKernel = std::function<Buffer(const std::vector<Buffer>&, DType out_dtype)>;
+// A kernel's input: its producer's buffer and the (evaluated) view through which to read it.
+struct KernelArg {
+  const Buffer* buf;
+  ConcreteView view;
+};
+
+// A custom op's CPU implementation: inputs in, the output (of the dtype asked for) out.
+using CustomKernel = std::function<Buffer(const std::vector<KernelArg>&, DType out_dtype)>;
 
 class Graph {
  public:

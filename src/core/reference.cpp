@@ -13,8 +13,8 @@ struct Reader {
   DType dtype;
   int64_t size;
   ConcreteView v;
-  Reader(const Buffer& b, const View& view, const Bindings& dims)
-      : base(b.data.get()), dtype(b.dtype), size(b.numel()), v(view, dims) {}
+  Reader(const Buffer& b, const View& view, const Bindings& dims) : Reader(b, ConcreteView(view, dims)) {}
+  Reader(const Buffer& b, ConcreteView view) : base(b.data.get()), dtype(b.dtype), size(b.numel()), v(std::move(view)) {}
 
   double at(const int64_t* idx) const {
     int64_t off = v.offset;
@@ -165,8 +165,8 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
     case Op::Custom: {
       const CustomKernel* k = g.kernel(n.name);
       if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
-      std::vector<Buffer> ins;
-      for (auto& e : n.inputs) ins.push_back(materialize(bufs.at(e.node), e.view, dims));
+      std::vector<KernelArg> ins;
+      for (auto& e : n.inputs) ins.push_back(KernelArg{&bufs.at(e.node), ConcreteView(e.view, dims)});
       Buffer r = (*k)(ins, n.dtype);
       if (r.dtype != n.dtype || r.shape != out.shape)
         throw std::runtime_error("custom op '" + n.name + "' returned a " + dtype_name(r.dtype) +
@@ -180,8 +180,8 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
 
 }  // namespace
 
-Buffer materialize(const Buffer& src, const View& view, const Bindings& dims) {
-  Reader a(src, view, dims);
+Buffer materialize(const Buffer& src, const ConcreteView& view) {
+  Reader a(src, view);
   Buffer out = Buffer::alloc(src.dtype, a.v.shape);
   for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
     store_from_double(out.data.get(), i, out.dtype, a.at(idx));

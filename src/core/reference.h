@@ -13,6 +13,6 @@ using BufferMap = std::unordered_map<int64_t, Buffer>;
 BufferMap run_reference(const Graph& g, const Bindings& dims, const BufferMap& inputs);
 
 // Copies what `view` selects from `src` into a new contiguous buffer (padding reads as zero).
-Buffer materialize(const Buffer& src, const View& view, const Bindings& dims);
+Buffer materialize(const Buffer& src, const ConcreteView& view);
 
 }  // namespace luminal
