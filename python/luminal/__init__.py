@@ -9,7 +9,7 @@ from .graph import Graph
 from .tensor import Tensor
 from .functional import (arange, cat, embedding, full, full_like, ones, ones_like, stack, tril, triu, where,
                          zeros, zeros_like)
-from .compiler import GenericCompiler
+from .compiler import CPUCompiler, GenericCompiler
 
 bool = bool_  # noqa: A001 - torch spells it luminal.bool
 

@@ -166,6 +166,23 @@ class ConstantFolding(_CorePass):
     fn = staticmethod(_core.fold_constants)
 
 
+class MatMulLowering(_CorePass):
+    """SumReduce(last axis) of a Mul -> a native dot-product kernel (matmul/matvec over any broadcast views)."""
+    fn = staticmethod(_core.lower_matmuls)
+
+
+class CPUCompiler:
+    """Lowers to the native CPU kernels (run GenericCompiler first). `threads` sets the worker count."""
+
+    def __init__(self, threads: int | None = None):
+        if threads is not None:
+            _core.set_num_threads(threads)
+        self.passes = [MatMulLowering(), DeadNodeRemoval()]
+
+    def compile(self, graph, remap):
+        return Sequence(*self.passes).compile(graph, remap)
+
+
 class GenericCompiler:
     """The hardware-agnostic passes, to a fixed point. Runs first. `passes` keep their time and change counts."""
 

@@ -34,6 +34,7 @@ class Graph:
         self._g = _core.Graph()
         self._data: dict[int, np.ndarray] = {}  # Input node id -> data in storage layout
         self._dims: dict[str, int] = {}
+        self._fresh: set[str] = set()  # dims bound since the last execute: binding one differently is a conflict
         self._results: dict[int, np.ndarray] = {}
         self._runtime = None  # set by a backend compiler; None runs the reference executor
         self.compilers: list = []
@@ -71,6 +72,7 @@ class Graph:
         if value < 0:
             raise ValueError(f"dimension '{name}' cannot be negative ({value})")
         self._dims[name] = value
+        self._fresh.add(name)
         return self
 
     @property
@@ -106,6 +108,7 @@ class Graph:
         else:
             out = _core.run_reference(self._g, self._dims, self._data)
         self._results = out
+        self._fresh = set()
         return self
 
     # ---- looking at it ------------------------------------------------------------------------------------------
@@ -180,7 +183,8 @@ class Graph:
         self._data[nid] = arr
 
     def _bind(self, shape, actual, name):
-        """Binds the symbolic dims of `shape` from an array's `actual` shape; a conflict is an error."""
+        """Binds the symbolic dims of `shape` from an array's `actual` shape. A dim bound since the last execute
+        must agree (a conflict is an error); one bound before it takes the new value."""
         new = {}
         for expr, n in zip(shape, actual):
             if expr.is_const():
@@ -188,7 +192,7 @@ class Graph:
                     raise ValueError(f"input '{name}' expects shape {_fmt(shape)}, got an array of shape {tuple(actual)}")
                 continue
             vs = expr.vars()
-            known = {**self._dims, **new}
+            known = {**{k: v for k, v in self._dims.items() if k in self._fresh}, **new}
             unbound = [v for v in vs if v not in known]
             if not unbound:
                 if expr.eval(known) != n:
@@ -205,6 +209,7 @@ class Graph:
                 raise ValueError(f"input '{name}': cannot solve dim {expr} = {n} for '{v}'")
             new[v] = (n - b) // a
         self._dims.update(new)
+        self._fresh.update(new)
 
     def _result(self, out_id: int) -> np.ndarray:
         if out_id not in self._results:

@@ -715,6 +715,9 @@ class Tensor:
                 ax += 1
                 continue
             n = v.shape[ax]
+            if isinstance(i, slice) and i == slice(None):
+                ax += 1
+                continue
             if isinstance(i, slice):
                 step = 1 if i.step is None else int(i.step)
                 if step == 0:
@@ -726,7 +729,8 @@ class Tensor:
                     step = -step
                 start = _clamp_index(i.start, n, 0)
                 stop = _clamp_index(i.stop, n, n)
-                stop = stop.max(start) if not (stop - start).is_const() else (stop if int(stop - start) > 0 else start)
+                if (stop - start).is_const() and int(stop - start) < 0:
+                    stop = start  # an empty slice, as Python gives (symbolic bounds are trusted)
                 v = v.slice(ax, start, stop, step)
                 ax += 1
             elif isinstance(i, (int, np.integer, _core.Expr)):

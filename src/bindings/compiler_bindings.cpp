@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/cpu/cpu.h"
 #include "core/rewrite.h"
 
 namespace py = pybind11;
@@ -77,6 +78,9 @@ void bind_compiler(py::module_& m) {
   m.def("eliminate_common_subexpressions", &eliminate_common_subexpressions);
   m.def("apply_arithmetic_identities", [](Graph& g) { return apply_rules(g, arithmetic_rules()); });
   m.def("fold_constants", [](Graph& g) { return apply_rules(g, constant_folding_rules()); });
+  m.def("lower_matmuls", &lower_matmuls);
+  m.def("set_num_threads", &set_num_threads, "Worker threads for the CPU kernels (0: one per core).");
+  m.def("num_threads", &num_threads);
 }
 
 }  // namespace luminal

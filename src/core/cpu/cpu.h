@@ -1,0 +1,18 @@
+// The native CPU backend's lowering: rewrite rules that put native kernels in place of primop patterns.
+#pragma once
+#include <functional>
+
+#include "core/rewrite.h"
+
+namespace luminal {
+
+// Runs fn(begin, end) over [0, n) split across the worker threads (serially when the work is small).
+void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& fn);
+void set_num_threads(int n);
+int num_threads();
+
+// SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any
+// broadcast views. Returns the number of rewrites.
+size_t lower_matmuls(Graph& g);
+
+}  // namespace luminal

@@ -1,0 +1,123 @@
+// Matmul/matvec: SumReduce over the last axis of a Mul becomes one dot product per output element, read
+// straight through the operands' (broadcast) views, vectorised for float32 and multithreaded.
+#include <stdexcept>
+#include <string>
+
+#include "core/cpu/cpu.h"
+
+namespace luminal {
+namespace {
+
+// The range of element offsets an unmasked view can touch.
+bool in_bounds(const KernelArg& a) {
+  const ConcreteView& v = a.view;
+  int64_t lo = v.offset, hi = v.offset;
+  for (size_t d = 0; d < v.shape.size(); ++d) {
+    if (v.shape[d] == 0) return true;
+    int64_t span = (v.shape[d] - 1) * v.strides[d];
+    (span < 0 ? lo : hi) += span;
+  }
+  return lo >= 0 && hi < a.buf->numel();
+}
+
+float dot_f32(const float* a, const float* b, int64_t k) {
+  // Eight independent partial sums let the compiler vectorise without reassociating one accumulator.
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < k; ++i) s += a[i] * b[i];
+  return s;
+}
+
+Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
+  const KernelArg &a = args.at(0), &b = args.at(1);
+  const ConcreteView &va = a.view, &vb = b.view;
+  size_t r = va.shape.size();
+  if (r == 0 || vb.shape != va.shape) throw std::logic_error("MatMul: operand views disagree");
+  std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
+  Buffer out = Buffer::alloc(out_dtype, out_shape);
+  int64_t K = va.shape[r - 1];
+  int64_t N = r >= 2 ? va.shape[r - 2] : 1;
+  int64_t rows = out.numel() / (N ? N : 1);
+  bool fast = !va.masked && !vb.masked && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+              out_dtype == DType::F32 && va.strides[r - 1] == 1 && vb.strides[r - 1] == 1 && in_bounds(a) &&
+              in_bounds(b);
+  // Offsets of output row `row` (all dims but the last two... and N) for each operand.
+  auto row_offsets = [&](int64_t row, int64_t& oa, int64_t& ob) {
+    oa = va.offset, ob = vb.offset;
+    for (int d = int(r) - 3; d >= 0; --d) {
+      int64_t i = row % va.shape[d];
+      row /= va.shape[d];
+      oa += i * va.strides[d];
+      ob += i * vb.strides[d];
+    }
+  };
+  auto generic_at = [](const KernelArg& x, int64_t off, const std::vector<int64_t>& idx) -> double {
+    const ConcreteView& v = x.view;
+    if (v.masked)
+      for (size_t d = 0; d < idx.size(); ++d)
+        if (idx[d] < v.lo[d] || idx[d] >= v.hi[d]) return 0.0;
+    if (off < 0 || off >= x.buf->numel())
+      throw std::out_of_range("MatMul: a view reads outside its buffer");
+    return load_as_double(x.buf->data.get(), off, x.buf->dtype);
+  };
+  int64_t sna = r >= 2 ? va.strides[r - 2] : 0, snb = r >= 2 ? vb.strides[r - 2] : 0;
+  // Parallel over N so each thread streams its own slice of the (usually weight) operand.
+  parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
+    std::vector<int64_t> idx(r);
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t row = 0; row < rows; ++row) {
+        int64_t oa, ob;
+        row_offsets(row, oa, ob);
+        oa += n * sna;
+        ob += n * snb;
+        int64_t o = row * N + n;
+        if (fast) {
+          const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;
+          const float* pb = static_cast<const float*>(b.buf->data.get()) + ob;
+          static_cast<float*>(out.data.get())[o] = dot_f32(pa, pb, K);
+          continue;
+        }
+        // Any dtype, masks: the reference semantics, element by element.
+        int64_t rr = row;
+        for (int d = int(r) - 3; d >= 0; --d) { idx[d] = rr % va.shape[d]; rr /= va.shape[d]; }
+        if (r >= 2) idx[r - 2] = n;
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          idx[r - 1] = k;
+          s += generic_at(a, oa + k * va.strides[r - 1], idx) * generic_at(b, ob + k * vb.strides[r - 1], idx);
+        }
+        store_from_double(out.data.get(), o, out_dtype, s);
+      }
+  });
+  return out;
+}
+
+Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
+
+}  // namespace
+
+size_t lower_matmuls(Graph& g) {
+  Pattern mul;
+  mul.op = Op::Mul;
+  mul.inputs = {any("a"), any("b")};
+  mul.commutative = false;
+  Pattern root;
+  root.op = Op::SumReduce;
+  root.inputs = {mul};
+  root.where = [](const Graph& gg, int64_t id, const View&) {
+    const Node& n = gg.node(id);
+    return n.axis == int(n.inputs[0].view.shape.size()) - 1;
+  };
+  Rule rule{"SumReduce(Mul) -> MatMul", root, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              const Node& n = gg.node(m.root);
+              return gg.custom("MatMul", {m["a"], m["b"]}, n.shape, n.dtype);
+            }};
+  size_t count = apply_rules(g, {rule});
+  if (count) g.register_kernel("MatMul", matmul_kernel);
+  return count;
+}
+
+}  // namespace luminal
