@@ -171,13 +171,19 @@ class MatMulLowering(_CorePass):
     fn = staticmethod(_core.lower_matmuls)
 
 
+class QuantizedLowering(_CorePass):
+    """MatMul over Dequant(raw GGUF rows) -> a kernel that unpacks weight rows on the fly; gathers move before
+    dequantisation."""
+    fn = staticmethod(_core.lower_quantized)
+
+
 class CPUCompiler:
     """Lowers to the native CPU kernels (run GenericCompiler first). `threads` sets the worker count."""
 
     def __init__(self, threads: int | None = None):
         if threads is not None:
             _core.set_num_threads(threads)
-        self.passes = [MatMulLowering(), DeadNodeRemoval()]
+        self.passes = [MatMulLowering(), QuantizedLowering(), DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

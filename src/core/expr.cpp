@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <stdexcept>
 
 namespace luminal {
@@ -85,7 +86,8 @@ std::pair<Expr, Expr> split_divisible(const Expr& a, int64_t c) {
 
 std::string wrap(const Expr& e) {
   auto s = e.str();
-  bool simple = e.is_const() ? e.as_const() >= 0 : (e.poly().terms.size() == 1 && e.poly().terms[0].coef == 1);
+  auto& t = e.poly().terms;
+  bool simple = e.is_const() ? e.as_const() >= 0 : (t.size() == 1 && t[0].coef == 1 && t[0].factors.size() == 1);
   return simple ? s : "(" + s + ")";
 }
 
@@ -158,7 +160,11 @@ struct Parser {
     if (eat('(')) { Expr e = cmp(); if (!eat(')')) fail("expected ')'"); return e; }
     if (i < s.size() && std::isdigit((unsigned char)s[i])) {
       int64_t v = 0;
-      while (i < s.size() && std::isdigit((unsigned char)s[i])) v = v * 10 + (s[i++] - '0');
+      while (i < s.size() && std::isdigit((unsigned char)s[i])) {
+        int digit = s[i++] - '0';
+        if (v > (INT64_MAX - digit) / 10) fail("integer literal too large");
+        v = v * 10 + digit;
+      }
       return Expr(v);
     }
     if (i < s.size() && (std::isalpha((unsigned char)s[i]) || s[i] == '_')) {

@@ -272,9 +272,18 @@ int64_t Graph::resolve(int64_t id) const {
   return id;
 }
 
+static std::unordered_map<std::string, CustomKernel>& builtin_kernels() {
+  static std::unordered_map<std::string, CustomKernel> k;
+  return k;
+}
+
+void register_builtin_kernel(const std::string& name, CustomKernel k) { builtin_kernels()[name] = std::move(k); }
+
 const CustomKernel* Graph::kernel(const std::string& name) const {
   auto it = kernels_.find(name);
-  return it == kernels_.end() ? nullptr : &it->second;
+  if (it != kernels_.end()) return &it->second;
+  auto b = builtin_kernels().find(name);
+  return b == builtin_kernels().end() ? nullptr : &b->second;
 }
 
 }  // namespace luminal

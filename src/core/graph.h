@@ -64,6 +64,9 @@ struct KernelArg {
 // A custom op's CPU implementation: inputs in, the output (of the dtype asked for) out.
 using CustomKernel = std::function<Buffer(const std::vector<KernelArg>&, DType out_dtype)>;
 
+// Kernels every graph can use (native ops such as dequantisation), registered once at start-up.
+void register_builtin_kernel(const std::string& name, CustomKernel k);
+
 class Graph {
  public:
   // Builders; each checks shapes and dtypes and throws std::invalid_argument naming the op and shapes.

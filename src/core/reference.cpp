@@ -1,7 +1,11 @@
 #include "core/reference.h"
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 namespace luminal {
@@ -82,11 +86,15 @@ void for_each_index(const std::vector<int64_t>& shape, F&& f) {
 
 Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const BufferMap& bufs) {
   auto reader = [&](size_t k) { return Reader(bufs.at(n.inputs[k].node), n.inputs[k].view, dims); };
+  // An output that reads its producer as stored shares the producer's buffer.
+  if (n.op == Op::Output && n.inputs[0].view.is_contiguous() && n.inputs[0].view.shape == g.node(n.inputs[0].node).shape)
+    return bufs.at(n.inputs[0].node);
   Buffer out = Buffer::alloc(n.dtype, eval_shape(n.shape, dims));
   void* o = out.data.get();
   switch (n.op) {
     case Op::Constant: store_from_double(o, 0, n.dtype, n.value); break;
-    case Op::Output: case Op::Cast:
+    case Op::Output:
+    case Op::Cast:
     case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip: {
       Reader a = reader(0);
       for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
@@ -203,6 +211,9 @@ BufferMap run_reference(const Graph& g, const Bindings& dims, const BufferMap& i
       for (auto& e : g.node(order[p]).inputs) last_use[e.node] = int64_t(p);
 
   BufferMap bufs, results;
+  // LUMINAL_PROFILE=1 prints the time spent per op kind.
+  static const bool profile = std::getenv("LUMINAL_PROFILE") != nullptr;
+  std::map<std::string, std::pair<double, int>> prof;
   for (size_t p = 0; p < order.size(); ++p) {
     int64_t id = order[p];
     if (!needed[id]) continue;
@@ -216,12 +227,20 @@ BufferMap run_reference(const Graph& g, const Bindings& dims, const BufferMap& i
         throw std::invalid_argument("input '" + n.name + "' holds data of the wrong shape or dtype");
       bufs[id] = it->second;
     } else {
+      auto t0 = std::chrono::steady_clock::now();
       bufs[id] = run_node(g, n, dims, bufs);
+      if (profile) {
+        auto& e = prof[n.op == Op::Custom ? n.name : op_name(n.op)];
+        e.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        e.second += 1;
+      }
     }
     if (n.op == Op::Output) results[id] = bufs[id];
     for (auto& e : n.inputs)
       if (last_use[e.node] == int64_t(p)) bufs.erase(e.node);
   }
+  if (profile)
+    for (auto& [k, v] : prof) std::fprintf(stderr, "%-12s %5d nodes %9.3f ms\n", k.c_str(), v.second, v.first * 1e3);
   return results;
 }
 

@@ -5,6 +5,9 @@
 namespace luminal {
 namespace {
 
+// 1 when the only index (0) of a size-1 dim with valid range [lo, hi) is valid, else 0 (symbolic if need be).
+Expr one_valid(const std::pair<Expr, Expr>& m) { return lt(m.first, Expr(1)) * lt(Expr(0), m.second); }
+
 void check_axis(const View& v, int axis, const char* op) {
   if (axis < 0 || axis >= int(v.rank()))
     throw std::out_of_range(std::string(op) + ": axis " + std::to_string(axis) + " is out of range for shape " +
@@ -62,7 +65,7 @@ View View::expand(int axis, const Expr& size) const {
   View v = *this;
   v.shape[axis] = size;
   v.strides[axis] = Expr(0);
-  if (has_mask()) v.mask[axis] = {Expr(0), mask[axis].first == Expr(0) && mask[axis].second == Expr(1) ? size : Expr(0)};
+  if (has_mask()) v.mask[axis] = {Expr(0), size * one_valid(mask[axis])};
   return v;
 }
 
@@ -81,11 +84,12 @@ View View::squeeze(int axis) const {
     throw std::invalid_argument("squeeze: dim " + std::to_string(axis) + " of shape " + shape_str(shape) + " is not 1");
   View v = *this;
   if (has_mask()) {
-    auto [lo, hi] = mask[axis];
-    if (!(lo == Expr(0) && hi == Expr(1))) {
-      // The single element is padding: keep it as an always-invalid mask on another dim.
+    Expr valid = one_valid(mask[axis]);
+    if (valid != Expr(1)) {
+      // The single element may be padding: carry its validity into another dim's mask.
       if (rank() == 1) throw std::invalid_argument("squeeze: cannot drop the only (padded) dim");
-      v.mask[axis == 0 ? 1 : 0] = {Expr(0), Expr(0)};
+      auto& other = v.mask[axis == 0 ? 1 : 0];
+      other.second = other.second * valid;
     }
     v.mask.erase(v.mask.begin() + axis);
   }
@@ -104,9 +108,25 @@ std::optional<View> View::reshape(const Shape& new_shape) const {
   Shape a, b;
   for (auto& d : shape) if (!is_one(d)) a.push_back(d);
   for (auto& d : new_shape) if (!is_one(d)) b.push_back(d);
+  if (a.empty()) {
+    // Only size-1 dims on both sides: one element, valid when every old dim's single index is.
+    View v = contiguous(new_shape);
+    v.offset = offset;
+    if (has_mask()) {
+      Expr valid(1);
+      for (auto& m : mask) valid = valid * one_valid(m);
+      if (new_shape.empty()) return valid == Expr(1) ? std::optional<View>(v) : std::nullopt;
+      for (size_t i = 0; i < new_shape.size(); ++i) v.mask.push_back({Expr(0), i == 0 ? valid : Expr(1)});
+    }
+    return v;
+  }
   if (a == b) {
     View v = *this;
-    for (int i = int(v.rank()) - 1; i >= 0; --i) if (is_one(v.shape[i])) v = v.squeeze(i);
+    try {
+      for (int i = int(v.rank()) - 1; i >= 0; --i) if (is_one(v.shape[i])) v = v.squeeze(i);
+    } catch (const std::invalid_argument&) {
+      return std::nullopt;  // an all-padding view of size-1 dims: let the caller copy
+    }
     for (int i = 0; i < int(new_shape.size()); ++i) if (is_one(new_shape[i])) v = v.unsqueeze(i);
     return v;
   }

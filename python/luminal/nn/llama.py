@@ -169,9 +169,11 @@ _GGUF_NAMES = {
 }
 
 
-def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True) -> dict:
-    """Hugging Face-named float32 weights from a GGUF file (q/k rows un-permuted to HF's rotary layout)."""
+def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True, quantized: bool = True) -> dict:
+    """Hugging Face-named weights from a GGUF file (q/k rows un-permuted to HF's rotary layout). Block-quantised
+    tensors stay packed (`QuantizedWeight`) unless `quantized=False`; the rest become float32."""
     from ..gguf import GGUFFile, unpermute_qk
+    from ..quant import BLOCK_BYTES, QuantizedWeight
 
     g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
     names = list(g.tensors)
@@ -181,7 +183,9 @@ def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True) -> dict:
         names = tqdm(names, desc=f"loading {os.path.basename(str(g.path))}", unit="tensor")
     out = {}
     for name in names:
-        w = g.dequantize(name)
+        t = g.tensors[name]
+        packed = quantized and t.type_name in BLOCK_BYTES and len(t.shape) == 2
+        w = g.raw(name).reshape(t.shape[0], -1) if packed else g.dequantize(name)
         parts = name.split(".")
         if parts[0] == "token_embd":
             key = "model.embed_tokens.weight"
@@ -197,5 +201,5 @@ def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True) -> dict:
                 w = unpermute_qk(w, config.n_kv_heads)
         else:
             continue  # e.g. rope_freqs: recomputed from the config
-        out[key] = np.ascontiguousarray(w, dtype=np.float32)
+        out[key] = QuantizedWeight(w, t.type_name, tuple(t.shape)) if packed else np.ascontiguousarray(w, np.float32)
     return out

@@ -5,6 +5,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..graph import Graph, default_graph
+from ..quant import QuantizedWeight, dequantize
 from ..tensor import Tensor
 
 
@@ -47,6 +48,17 @@ class Module:
             if name not in weights:
                 continue
             arr = weights[name]
+            if isinstance(arr, QuantizedWeight):
+                if tuple(arr.shape) != tuple(t.shape):
+                    raise ValueError(f"{source}: tensor '{name}' has shape {tuple(arr.shape)}, "
+                                     f"the model expects {tuple(t.shape)} (does the config match the weights?)")
+                # The parameter becomes the dequantisation of packed rows; the weights stay quantised.
+                *path, attr = name.split(".")
+                owner = self
+                for part in path:
+                    owner = owner[int(part)] if isinstance(owner, (list, tuple)) else getattr(owner, part)
+                setattr(owner, attr, dequantize(self.graph, arr, name))
+                continue
             if tuple(np.shape(arr)) != tuple(t.shape):
                 raise ValueError(f"{source}: tensor '{name}' has shape {tuple(np.shape(arr))}, "
                                  f"the model expects {tuple(t.shape)} (does the config match the weights?)")

@@ -4,6 +4,13 @@
 
 #include "core/rewrite.h"
 
+// Hot loops get an AVX2/FMA clone next to the portable one; the loader picks by CPU at run time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define LUMINAL_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define LUMINAL_SIMD
+#endif
+
 namespace luminal {
 
 // Runs fn(begin, end) over [0, n) split across the worker threads (serially when the work is small).
@@ -14,5 +21,9 @@ int num_threads();
 // SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any
 // broadcast views. Returns the number of rewrites.
 size_t lower_matmuls(Graph& g);
+
+// MatMul over a Dequant<type>(raw rows) -> QMatMul<type> (weights unpacked on the fly), and
+// Gather(Dequant(raw)) -> Dequant(Gather(raw)). Run after lower_matmuls.
+size_t lower_quantized(Graph& g);
 
 }  // namespace luminal

@@ -20,7 +20,7 @@ bool in_bounds(const KernelArg& a) {
   return lo >= 0 && hi < a.buf->numel();
 }
 
-float dot_f32(const float* a, const float* b, int64_t k) {
+LUMINAL_SIMD float dot_f32(const float* a, const float* b, int64_t k) {
   // Eight independent partial sums let the compiler vectorise without reassociating one accumulator.
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;

@@ -1,0 +1,246 @@
+// GGUF block-quantised weights (Q8_0, Q4_0, Q4_1). The graph reads them through a `Dequant<type>` op on the raw
+// rows (unpacking needs bit reinterpretation, which the primops lack). The CPU lowering fuses a matmul over a
+// dequantised weight into one kernel that unpacks each weight row on the fly, so no float copy of the weights is
+// ever made, and moves gathers (embeddings) in front of the dequantisation.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "core/cpu/cpu.h"
+
+namespace luminal {
+namespace {
+
+struct Format {
+  const char* name;
+  int block_bytes;
+};
+constexpr int kBlock = 32;
+const Format kFormats[] = {{"Q8_0", 34}, {"Q4_0", 18}, {"Q4_1", 20}};
+
+const Format* format_of(const std::string& op, const char* prefix) {
+  size_t n = std::strlen(prefix);
+  if (op.compare(0, n, prefix) != 0) return nullptr;
+  for (auto& f : kFormats)
+    if (op.substr(n) == f.name) return &f;
+  return nullptr;
+}
+
+float half(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
+
+// Unpacks one row of `k` weights.
+void dequant_row(const Format& f, const uint8_t* row, int64_t k, float* out) {
+  for (int64_t b = 0; b < k / kBlock; ++b, row += f.block_bytes, out += kBlock) {
+    float d = half(row);
+    if (f.block_bytes == 34) {  // Q8_0: d, 32 x int8
+      for (int j = 0; j < 32; ++j) out[j] = d * float(int8_t(row[2 + j]));
+    } else if (f.block_bytes == 18) {  // Q4_0: d, 16 bytes; element j low nibble, j+16 high nibble, minus 8
+      for (int j = 0; j < 16; ++j) {
+        out[j] = d * float(int(row[2 + j] & 0xf) - 8);
+        out[j + 16] = d * float(int(row[2 + j] >> 4) - 8);
+      }
+    } else {  // Q4_1: d, m, 16 bytes; d * q + m
+      float m = half(row + 2);
+      for (int j = 0; j < 16; ++j) {
+        out[j] = d * float(row[4 + j] & 0xf) + m;
+        out[j + 16] = d * float(row[4 + j] >> 4) + m;
+      }
+    }
+  }
+}
+
+// Rows of raw bytes read through `v`: unmasked, bytes contiguous. Returns a pointer to row i.
+const uint8_t* raw_row(const KernelArg& a, int64_t i) {
+  const ConcreteView& v = a.view;
+  int64_t off = v.offset;
+  for (int d = int(v.shape.size()) - 2; d >= 0; --d) {
+    off += (i % v.shape[d]) * v.strides[d];
+    i /= v.shape[d];
+  }
+  int64_t bytes = v.shape.back();
+  if (off < 0 || off + bytes > a.buf->numel()) throw std::out_of_range("Dequant: a row lies outside its buffer");
+  return static_cast<const uint8_t*>(a.buf->data.get()) + off;
+}
+
+void check_raw(const KernelArg& a, const Format& f, const char* op) {
+  const ConcreteView& v = a.view;
+  if (a.buf->dtype != DType::U8 || v.masked || v.shape.empty() || v.strides.back() != 1 ||
+      v.shape.back() % f.block_bytes)
+    throw std::invalid_argument(std::string(op) + ": expects uint8 rows of whole " + f.name + " blocks");
+}
+
+CustomKernel dequant_kernel(const Format& f) {
+  return [&f](const std::vector<KernelArg>& args, DType out_dtype) {
+    const KernelArg& a = args.at(0);
+    check_raw(a, f, "Dequant");
+    std::vector<int64_t> shape = a.view.shape;
+    int64_t k = shape.back() / f.block_bytes * kBlock;
+    shape.back() = k;
+    Buffer out = Buffer::alloc(DType::F32, shape);
+    int64_t rows = k ? out.numel() / k : 0;
+    float* o = static_cast<float*>(out.data.get());
+    parallel_for(rows, k, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) dequant_row(f, raw_row(a, r), k, o + r * k);
+    });
+    if (out_dtype != DType::F32) throw std::invalid_argument("Dequant produces float32");
+    return out;
+  };
+}
+
+// Decode-time dot products straight from packed blocks, using sum_j (d*q_j + m)*a_j = d*sum_j q_j*a_j + m*sum_j a_j
+// with the per-block sums of `a` computed once per activation row.
+LUMINAL_SIMD float dot_q8_0(const uint8_t* w, const float* a, const float*, int64_t nb) {
+  float total = 0;
+  for (int64_t b = 0; b < nb; ++b, w += 34, a += 32) {
+    float acc[32];
+    for (int j = 0; j < 32; ++j) acc[j] = float(int8_t(w[2 + j])) * a[j];
+    float s = 0;
+    for (int j = 0; j < 32; ++j) s += acc[j];
+    total += half(w) * s;
+  }
+  return total;
+}
+
+LUMINAL_SIMD float dot_q4(const uint8_t* w, const float* a, const float* asum, int64_t nb, bool has_min) {
+  int bytes = has_min ? 20 : 18, q = has_min ? 4 : 2;
+  float total = 0;
+  for (int64_t b = 0; b < nb; ++b, w += bytes, a += 32) {
+    float acc[16];
+    for (int j = 0; j < 16; ++j) acc[j] = float(w[q + j] & 0xf) * a[j] + float(w[q + j] >> 4) * a[j + 16];
+    float s = 0;
+    for (int j = 0; j < 16; ++j) s += acc[j];
+    total += has_min ? half(w) * s + half(w + 2) * asum[b] : half(w) * (s - 8.0f * asum[b]);
+  }
+  return total;
+}
+
+LUMINAL_SIMD float dot(const float* a, const float* b, int64_t k) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < k; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
+CustomKernel qmatmul_kernel(const Format& f) {
+  return [&f](const std::vector<KernelArg>& args, DType out_dtype) {
+    const KernelArg &a = args.at(0), &w = args.at(1);
+    check_raw(w, f, "QMatMul");
+    const ConcreteView& va = a.view;
+    size_t r = va.shape.size();
+    int64_t K = va.shape[r - 1], N = va.shape[r - 2];
+    std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
+    Buffer out = Buffer::alloc(out_dtype, out_shape);
+    int64_t rows = N ? out.numel() / N : 0;
+    const float* pa = static_cast<const float*>(a.buf->data.get());
+    float* o = static_cast<float*>(out.data.get());
+    std::vector<int64_t> row_off(rows);
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t off = va.offset, i = row;
+      for (int d = int(r) - 3; d >= 0; --d) { off += (i % va.shape[d]) * va.strides[d]; i /= va.shape[d]; }
+      row_off[row] = off;
+      if (off < 0 || off + K > a.buf->numel()) throw std::out_of_range("QMatMul: activations outside their buffer");
+    }
+    int64_t nb = K / kBlock;
+    if (rows <= 4) {
+      // Few rows (decode): multiply straight from the packed blocks.
+      std::vector<float> asum(rows * nb);
+      for (int64_t row = 0; row < rows; ++row)
+        for (int64_t b = 0; b < nb; ++b) {
+          float s = 0;
+          for (int j = 0; j < kBlock; ++j) s += pa[row_off[row] + b * kBlock + j];
+          asum[row * nb + b] = s;
+        }
+      parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+          const uint8_t* wr = raw_row(w, n);
+          for (int64_t row = 0; row < rows; ++row) {
+            const float *x = pa + row_off[row], *xs = asum.data() + row * nb;
+            o[row * N + n] = f.block_bytes == 34 ? dot_q8_0(wr, x, xs, nb) : dot_q4(wr, x, xs, nb, f.block_bytes == 20);
+          }
+        }
+      });
+      return out;
+    }
+    // Many rows (prefill): unpack each weight row once and reuse it for every row of activations.
+    parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
+      std::vector<float> wrow(K);
+      for (int64_t n = n0; n < n1; ++n) {
+        dequant_row(f, raw_row(w, n), K, wrow.data());
+        for (int64_t row = 0; row < rows; ++row) o[row * N + n] = dot(pa + row_off[row], wrow.data(), K);
+      }
+    });
+    return out;
+  };
+}
+
+struct Registrar {
+  Registrar() {
+    for (auto& f : kFormats) {
+      register_builtin_kernel(std::string("Dequant") + f.name, dequant_kernel(f));
+      register_builtin_kernel(std::string("QMatMul") + f.name, qmatmul_kernel(f));
+    }
+  }
+} registrar;
+
+Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
+
+Pattern dequant(const std::string& raw) {
+  Pattern p;
+  p.op = Op::Custom;
+  p.name = "w";
+  p.inputs = {any(raw)};
+  p.where = [](const Graph& g, int64_t id, const View&) { return format_of(g.node(id).name, "Dequant") != nullptr; };
+  return p;
+}
+
+}  // namespace
+
+size_t lower_quantized(Graph& g) {
+  // MatMul(a, Dequant(raw)) where the weight is read as W[n, k] and the activations are plain float32 rows.
+  Pattern mm;
+  mm.op = Op::Custom;
+  mm.custom = "MatMul";
+  mm.inputs = {any("a"), any("w_edge")};
+  mm.commutative = false;
+  Rule fuse{"MatMul(a, Dequant(raw)) -> QMatMul", mm, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              const Edge &a = m["a"], &we = m["w_edge"];
+              const Node& wn = gg.node(we.node);
+              const Format* f = wn.op == Op::Custom ? format_of(wn.name, "Dequant") : nullptr;
+              if (!f || wn.shape.size() != 2 || gg.node(a.node).dtype != DType::F32) return std::nullopt;
+              const View &va = a.view, &vw = we.view;
+              size_t r = vw.rank();
+              // Activations: rows of k read with stride 1, the same row for every n.
+              if (r < 2 || va.has_mask() || vw.has_mask() || va.strides[r - 1] != Expr(1) ||
+                  va.strides[r - 2] != Expr(0))
+                return std::nullopt;
+              // The weight view must be W[n, k] broadcast over everything else.
+              if (vw.offset != Expr(0) || vw.strides[r - 1] != Expr(1) || vw.strides[r - 2] != wn.shape[1] ||
+                  vw.shape[r - 2] != wn.shape[0] || vw.shape[r - 1] != wn.shape[1])
+                return std::nullopt;
+              for (size_t d = 0; d + 2 < r; ++d)
+                if (vw.strides[d] != Expr(0)) return std::nullopt;
+              const Node& root = gg.node(m.root);
+              if (root.dtype != DType::F32) return std::nullopt;
+              Edge raw = wn.inputs[0];
+              Shape shape = root.shape;
+              return gg.custom(std::string("QMatMul") + f->name, {a, raw}, shape, DType::F32);
+            }};
+  // Gather(Dequant(raw), idx) -> Dequant(Gather(raw, idx)): unpack only the rows looked up.
+  Pattern gather;
+  gather.op = Op::Gather;
+  gather.inputs = {dequant("raw"), any("idx")};
+  Rule swap{"Gather(Dequant) -> Dequant(Gather)", gather, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              const Node& w = gg.node(m["w"].node);
+              std::string name = w.name;
+              int64_t rows = gg.gather(m["raw"], m["idx"]);
+              Shape shape = gg.node(m.root).shape;
+              return gg.custom(name, {Edge{rows, View::contiguous(gg.node(rows).shape)}}, shape, DType::F32);
+            }};
+  return apply_rules(g, {fuse, swap});
+}
+
+}  // namespace luminal
