@@ -95,6 +95,28 @@ class Tokenizer:
 
     # ---------------------------------------------------------------------------- building
     @classmethod
+    def from_file(cls, path) -> "Tokenizer":
+        """From a Hugging Face tokenizer.json (special tokens and chat template from a tokenizer_config.json
+        beside it, if there is one)."""
+        import json
+        import os
+
+        from tokenizers import Tokenizer as HFTokenizer
+
+        backend = HFTokenizer.from_file(os.fspath(path))
+        cfg_path = os.path.join(os.path.dirname(os.fspath(path)), "tokenizer_config.json")
+        cfg = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
+
+        def tid(key):
+            tok = cfg.get(key)
+            tok = tok.get("content") if isinstance(tok, dict) else tok
+            return backend.token_to_id(tok) if tok else None
+
+        return cls(backend, bos_token_id=tid("bos_token"), eos_token_id=tid("eos_token"),
+                   unk_token_id=tid("unk_token"), pad_token_id=tid("pad_token"),
+                   chat_template=cfg.get("chat_template"))
+
+    @classmethod
     def from_gguf(cls, gguf, pre_tokenizer: str | None = None) -> "Tokenizer":
         """Build from a :class:`~luminal.gguf.GGUFFile` (or a path to one).
 
