@@ -1,0 +1,196 @@
+"""Llama end to end: the bundled SmolLM2 against Hugging Face transformers, a tiny random Llama through
+safetensors, the KV-cache session, sampling, and loader errors."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import luminal as lm
+from luminal.compiler import CPUCompiler, GenericCompiler
+from luminal.loaders import SafetensorsError, load_llama, load_safetensors
+from luminal.nn import Llama, LlamaConfig, Session, gguf_state_dict, sample
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_model(cfg: LlamaConfig, weights: dict):
+    hc = transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden, intermediate_size=cfg.ffn,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=8192)
+    m = transformers.LlamaForCausalLM(hc).eval()
+    if weights:  # else keep the random initialisation
+        missing, unexpected = m.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in weights.items()},
+                                                strict=False)
+        assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)
+    return m
+
+
+# ---- the bundled model ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm():
+    from luminal.gguf import GGUFFile
+    from luminal.hub import bundled_model_path
+    from luminal.tokenizer import Tokenizer
+
+    g = GGUFFile(bundled_model_path())
+    cfg = LlamaConfig.from_gguf(g)
+    tok = Tokenizer.from_gguf(g)
+    ref = hf_model(cfg, gguf_state_dict(g, cfg, progress=False, quantized=False))
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Explain how photosynthesis works."}]))
+    return g, cfg, tok, ref, ids
+
+
+@pytest.mark.model
+def test_smollm_matches_transformers(smollm):
+    g, cfg, tok, ref, ids = smollm
+    assert cfg.n_layers == 30 and cfg.hidden == 576 and cfg.n_kv_heads == 3 and cfg.tie_word_embeddings
+    assert len(ids) == 35
+    # Weights stay Q4_1 / Q8_0 in luminal's graph; the reference uses the same values dequantised to float32.
+    model = Llama(cfg).load_state_dict(gguf_state_dict(g, cfg, progress=False, quantized=True))
+    sess = Session(model, last_only=False)
+    assert "QMatMulQ4_1" in model.graph.stats(), "quantised matmuls should be fused"
+    logits = sess.step(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    err = np.abs(logits - want).max()
+    print(f"SmolLM2 prompt logits: max abs difference to transformers {err:.2e}")
+    assert err < 1e-2, f"prompt logits differ by {err}"
+
+    # Teacher-forced over 32 reference tokens, one compiled graph for every step.
+    with torch.no_grad():
+        gen = ref.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, output_scores=True,
+                           return_dict_in_generate=True)
+    ref_tokens = gen.sequences[0, len(ids):].tolist()
+    ref_scores = [s[0].numpy() for s in gen.scores]
+    nodes, n_compiles = len(model.graph), len(model.graph.compilers)
+    step_logits = logits[-1]
+    checked = 0
+    for i, t in enumerate(ref_tokens):
+        top2 = np.sort(ref_scores[i])[-2:]
+        if top2[1] - top2[0] > 0.3:
+            assert int(np.argmax(step_logits)) == int(np.argmax(ref_scores[i])), f"step {i}"
+            checked += 1
+        step_logits = sess.step([t])[-1]
+    print(f"teacher-forced: {checked} of {len(ref_tokens)} steps had a top-2 gap over 0.3; all agreed")
+    assert checked >= 16
+    assert len(model.graph) == nodes and len(model.graph.compilers) == n_compiles  # no recompilation per token
+
+
+# ---- a tiny random Llama through safetensors -----------------------------------------------------------------------------
+def tiny_config(**kw):
+    base = dict(vocab_size=101, hidden=64, ffn=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                rope_theta=10000.0, rms_eps=1e-5, tie_word_embeddings=False)
+    base.update(kw)
+    return LlamaConfig(**base)
+
+
+def write_tiny(tmp_path, cfg, seed, dtype=torch.float32):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    ref = hf_model(cfg, {})  # random init
+    for p in ref.parameters():  # norms away from 1, so a missing weight would show
+        if p.ndim == 1:
+            p.data.uniform_(0.5, 1.5)
+    sd = {k: v.detach().to(dtype).contiguous() for k, v in ref.state_dict().items()}
+    if cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    hc = {"hidden_size": cfg.hidden, "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads,
+          "intermediate_size": cfg.ffn, "num_hidden_layers": cfg.n_layers, "vocab_size": cfg.vocab_size,
+          "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps, "head_dim": cfg.head_dim,
+          "tie_word_embeddings": cfg.tie_word_embeddings}
+    (tmp_path / "config.json").write_text(json.dumps(hc))
+    ref.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)  # same (rounded) weights
+    return ref
+
+
+@pytest.mark.parametrize("dtype,tied", [(torch.float32, False), (torch.bfloat16, False), (torch.float16, True)])
+@pytest.mark.parametrize("compilers", ["reference", "cpu"])
+def test_tiny_llama_safetensors(tmp_path, dtype, tied, compilers, seed):
+    cfg = tiny_config(tie_word_embeddings=tied)
+    ref = write_tiny(tmp_path, cfg, seed, dtype)
+    model, tok = load_llama(tmp_path, progress=False)
+    assert tok is None
+    comps = [GenericCompiler()] + ([CPUCompiler()] if compilers == "cpu" else [])
+    sess = Session(model, comps, last_only=False)
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, 9)
+    got = sess.step(ids[:6])
+    got2 = sess.step(ids[6:])  # continues from the cache
+    with torch.no_grad():
+        want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()
+    np.testing.assert_allclose(got, want[:6], atol=1e-4, rtol=1e-4, err_msg=f"seed {seed}")
+    np.testing.assert_allclose(got2, want[6:], atol=1e-4, rtol=1e-4, err_msg=f"seed {seed}")
+
+
+def test_session_reset_and_generate(tmp_path, seed):
+    cfg = tiny_config()
+    write_tiny(tmp_path, cfg, seed)
+    model, _ = load_llama(tmp_path, progress=False)
+    sess = Session(model)
+    a = list(sess.generate([1, 2, 3], 8))
+    sess.reset()
+    b = list(sess.generate([1, 2, 3], 8))
+    assert a == b and len(a) == 8
+    sess.reset()
+    c = list(sess.generate([1, 2, 3], 8, temperature=0.8, top_k=5, seed=3))
+    sess.reset()
+    d = list(sess.generate([1, 2, 3], 8, temperature=0.8, top_k=5, seed=3))
+    assert c == d
+    assert sess.stats["decode_tokens"] == 8 and sess.stats["prefill_tokens"] == 3
+
+
+def test_sample():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50)
+    assert sample(logits) == int(np.argmax(logits))
+    assert sample(logits, temperature=1.0, top_k=1, rng=rng) == int(np.argmax(logits))
+    top3 = set(np.argsort(-logits)[:3].tolist())
+    assert all(sample(logits, 1.0, top_k=3, rng=rng) in top3 for _ in range(50))
+    p = np.exp(logits - logits.max()); p /= p.sum()
+    order = np.argsort(-p)
+    nucleus = set(order[:np.searchsorted(np.cumsum(p[order]), 0.5) + 1].tolist())
+    assert all(sample(logits, 1.0, top_p=0.5, rng=rng) in nucleus for _ in range(50))
+
+
+# ---- bad input ------------------------------------------------------------------------------------------------------------
+def test_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope"):
+        load_llama(tmp_path / "nope.gguf")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_llama(tmp_path)
+    with pytest.raises(FileNotFoundError, match="nope.safetensors"):
+        load_safetensors(tmp_path / "nope.safetensors")
+
+
+def test_corrupt_safetensors(tmp_path, seed):
+    cfg = tiny_config()
+    write_tiny(tmp_path, cfg, seed)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    bad = tmp_path / "bad.safetensors"
+    for blob, what in [(data[:5], "too short"), (data[:len(data) // 2], "out of bounds|runs past|incomplete"),
+                       ((10 ** 9).to_bytes(8, "little") + data[8:], "runs past"),
+                       (data[:8] + b"{not json" + data[17:], "JSON|header")]:
+        bad.write_bytes(blob)
+        with pytest.raises(SafetensorsError, match="bad.safetensors") as e:
+            load_safetensors(bad)
+        assert any(w.lower() in str(e.value).lower() for w in what.split("|")), str(e.value)
+
+
+def test_config_does_not_match_weights(tmp_path, seed):
+    cfg = tiny_config()
+    write_tiny(tmp_path, cfg, seed)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c["intermediate_size"] = 128
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match=r"gate_proj.weight.*\(96, 64\).*\(128, 64\)"):
+        load_llama(tmp_path, progress=False)
+    c["intermediate_size"], c["num_hidden_layers"] = 96, 3
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match="missing"):
+        load_llama(tmp_path, progress=False)
