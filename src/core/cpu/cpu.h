@@ -4,13 +4,6 @@
 
 #include "core/rewrite.h"
 
-// Hot loops get an AVX2/FMA clone next to the portable one; the loader picks by CPU at run time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LUMINAL_SIMD __attribute__((target_clones("avx2", "default")))
-#else
-#define LUMINAL_SIMD
-#endif
-
 namespace luminal {
 
 // Runs fn(begin, end) over [0, n) split across the worker threads (serially when the work is small).

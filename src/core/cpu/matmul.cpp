@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/cpu/cpu.h"
+#include "core/cpu/simd.h"
 
 namespace luminal {
 namespace {
@@ -18,17 +19,6 @@ bool in_bounds(const KernelArg& a) {
     (span < 0 ? lo : hi) += span;
   }
   return lo >= 0 && hi < a.buf->numel();
-}
-
-LUMINAL_SIMD float dot_f32(const float* a, const float* b, int64_t k) {
-  // Eight independent partial sums let the compiler vectorise without reassociating one accumulator.
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) s += a[i] * b[i];
-  return s;
 }
 
 Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
@@ -77,7 +67,7 @@ Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
         if (fast) {
           const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;
           const float* pb = static_cast<const float*>(b.buf->data.get()) + ob;
-          static_cast<float*>(out.data.get())[o] = dot_f32(pa, pb, K);
+          static_cast<float*>(out.data.get())[o] = simd::dot_f32(pa, pb, K);
           continue;
         }
         // Any dtype, masks: the reference semantics, element by element.

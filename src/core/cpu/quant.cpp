@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/cpu/cpu.h"
+#include "core/cpu/simd.h"
 
 namespace luminal {
 namespace {
@@ -26,7 +27,7 @@ const Format* format_of(const std::string& op, const char* prefix) {
   return nullptr;
 }
 
-float half(const uint8_t* p) { uint16_t h; std::memcpy(&h, p, 2); return f16_to_f32(h); }
+using simd::half;
 
 // Unpacks one row of `k` weights.
 void dequant_row(const Format& f, const uint8_t* row, int64_t k, float* out) {
@@ -87,43 +88,6 @@ CustomKernel dequant_kernel(const Format& f) {
   };
 }
 
-// Decode-time dot products straight from packed blocks, using sum_j (d*q_j + m)*a_j = d*sum_j q_j*a_j + m*sum_j a_j
-// with the per-block sums of `a` computed once per activation row.
-LUMINAL_SIMD float dot_q8_0(const uint8_t* w, const float* a, const float*, int64_t nb) {
-  float total = 0;
-  for (int64_t b = 0; b < nb; ++b, w += 34, a += 32) {
-    float acc[32];
-    for (int j = 0; j < 32; ++j) acc[j] = float(int8_t(w[2 + j])) * a[j];
-    float s = 0;
-    for (int j = 0; j < 32; ++j) s += acc[j];
-    total += half(w) * s;
-  }
-  return total;
-}
-
-LUMINAL_SIMD float dot_q4(const uint8_t* w, const float* a, const float* asum, int64_t nb, bool has_min) {
-  int bytes = has_min ? 20 : 18, q = has_min ? 4 : 2;
-  float total = 0;
-  for (int64_t b = 0; b < nb; ++b, w += bytes, a += 32) {
-    float acc[16];
-    for (int j = 0; j < 16; ++j) acc[j] = float(w[q + j] & 0xf) * a[j] + float(w[q + j] >> 4) * a[j + 16];
-    float s = 0;
-    for (int j = 0; j < 16; ++j) s += acc[j];
-    total += has_min ? half(w) * s + half(w + 2) * asum[b] : half(w) * (s - 8.0f * asum[b]);
-  }
-  return total;
-}
-
-LUMINAL_SIMD float dot(const float* a, const float* b, int64_t k) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < k; ++i) s += a[i] * b[i];
-  return s;
-}
-
 // out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
 CustomKernel qmatmul_kernel(const Format& f) {
   return [&f](const std::vector<KernelArg>& args, DType out_dtype) {
@@ -159,7 +123,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
           const uint8_t* wr = raw_row(w, n);
           for (int64_t row = 0; row < rows; ++row) {
             const float *x = pa + row_off[row], *xs = asum.data() + row * nb;
-            o[row * N + n] = f.block_bytes == 34 ? dot_q8_0(wr, x, xs, nb) : dot_q4(wr, x, xs, nb, f.block_bytes == 20);
+            o[row * N + n] = simd::dot_blocks(f.block_bytes, wr, x, xs, nb);
           }
         }
       });
@@ -170,7 +134,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
       std::vector<float> wrow(K);
       for (int64_t n = n0; n < n1; ++n) {
         dequant_row(f, raw_row(w, n), K, wrow.data());
-        for (int64_t row = 0; row < rows; ++row) o[row * N + n] = dot(pa + row_off[row], wrow.data(), K);
+        for (int64_t row = 0; row < rows; ++row) o[row * N + n] = simd::dot_f32(pa + row_off[row], wrow.data(), K);
       }
     });
     return out;

@@ -1,0 +1,137 @@
+// Dot-product kernels: a portable version and, on x86-64, an AVX2/FMA/F16C version chosen at run time by CPUID.
+// `blocks` variants read GGUF blocks (32 weights each) and use, per block,
+//   sum_j (d*q_j + m) * a_j = d * sum_j q_j*a_j + m * sum_j a_j
+// with the block sums of `a` (asum) computed once per activation row.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LUMINAL_X86 1
+#endif
+
+namespace luminal::simd {
+
+inline float half(const uint8_t* p) {
+  // A table lookup: these conversions sit in the innermost loop of every quantised matvec.
+  static const float* table = [] {
+    float* t = new float[65536];
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_to_f32(uint16_t(i));
+    return t;
+  }();
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return table[h];
+}
+
+// ---- portable ----------------------------------------------------------------------------------------------------
+inline float dot_f32_portable(const float* a, const float* b, int64_t k) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < k; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// block_bytes: 34 = Q8_0 (d, 32 x int8), 18 = Q4_0 (d, 16 bytes, q - 8), 20 = Q4_1 (d, m, 16 bytes).
+inline float dot_blocks_portable(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+  float total = 0;
+  for (int64_t b = 0; b < nb; ++b, w += block_bytes, a += 32) {
+    float s = 0;
+    if (block_bytes == 34) {
+      for (int j = 0; j < 32; ++j) s += float(int8_t(w[2 + j])) * a[j];
+      total += half(w) * s;
+      continue;
+    }
+    const uint8_t* q = w + (block_bytes == 20 ? 4 : 2);
+    for (int j = 0; j < 16; ++j) s += float(q[j] & 0xf) * a[j] + float(q[j] >> 4) * a[j + 16];
+    total += block_bytes == 20 ? half(w) * s + half(w + 2) * asum[b] : half(w) * (s - 8.0f * asum[b]);
+  }
+  return total;
+}
+
+#ifdef LUMINAL_X86
+// ---- AVX2 / FMA / F16C ---------------------------------------------------------------------------------------------
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) inline float dot_f32_avx2(const float* a, const float* b, int64_t k) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < k; ++i) s += a[i] * b[i];
+  return s;
+}
+
+__attribute__((target("avx2,fma"))) inline float dot_blocks_avx2(int block_bytes, const uint8_t* w, const float* a,
+                                                                   const float* asum, int64_t nb) {
+  __m256 total = _mm256_setzero_ps();
+  float extra = 0;  // the m * sum(a) (Q4_1) or -8 * d * sum(a) (Q4_0) terms
+  const __m128i low = _mm_set1_epi8(0x0f);
+  for (int64_t b = 0; b < nb; ++b, w += block_bytes, a += 32) {
+    __m256 f0, f1, f2, f3;
+    if (block_bytes == 34) {
+      __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
+      __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 18));
+      f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0));
+      f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8)));
+      f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1));
+      f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8)));
+    } else {
+      __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (block_bytes == 20 ? 4 : 2)));
+      __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
+      f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+      f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+      f2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+      f3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+    }
+    __m256 s = _mm256_mul_ps(f0, _mm256_loadu_ps(a));
+    s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(a + 8), s);
+    s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(a + 16), s);
+    s = _mm256_fmadd_ps(f3, _mm256_loadu_ps(a + 24), s);
+    float d = half(w);
+    total = _mm256_fmadd_ps(_mm256_set1_ps(d), s, total);
+    if (block_bytes == 20) extra += half(w + 2) * asum[b];
+    else if (block_bytes == 18) extra -= 8.0f * d * asum[b];
+  }
+  return hsum(total) + extra;
+}
+
+inline bool have_avx2() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+#endif
+
+// ---- dispatch ------------------------------------------------------------------------------------------------------
+inline float dot_f32(const float* a, const float* b, int64_t k) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot_f32_avx2(a, b, k);
+#endif
+  return dot_f32_portable(a, b, k);
+}
+
+inline float dot_blocks(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot_blocks_avx2(block_bytes, w, a, asum, nb);
+#endif
+  return dot_blocks_portable(block_bytes, w, a, asum, nb);
+}
+
+}  // namespace luminal::simd

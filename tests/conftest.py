@@ -1,0 +1,73 @@
+"""Fixtures for the parity suite: `backend` (one run per backend in BACKENDS), `seed` and `rng`.
+
+Seeds: one base seed per session, from LUMINAL_TEST_SEED or random (printed in the header); each test derives its
+own from the base and its node id, and failure messages name both, so any failure reruns exactly with
+`LUMINAL_TEST_SEED=<base> pytest <test id>`.
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import zlib
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def _base_seed() -> int:
+    env = os.environ.get("LUMINAL_TEST_SEED")
+    if env:
+        return int(env)
+    seed = random.SystemRandom().randrange(2**31)
+    os.environ["LUMINAL_TEST_SEED"] = str(seed)  # worker processes (pytest-xdist) inherit the same base
+    return seed
+
+
+BASE_SEED = _base_seed()
+
+
+def _backends():
+    # Imported lazily so that a half-edited luminal does not break collection of unrelated tests (test_expr.py).
+    from helpers import REFERENCE, Backend, needs_attr, needs_gpu  # noqa: F401
+    import luminal as lm  # noqa: F401
+
+    return [
+        REFERENCE,  # the default executor: no backend compiler
+        Backend("cpu", lambda dtype: [lm.CPUCompiler()], needs_attr("CPUCompiler")),
+        # Backend("cuda", lambda dtype: [lm.CudaCompiler(dtype)], needs_gpu("CudaCompiler")),
+    ]
+
+
+# Add a backend with one line in _backends() above; each gives the compilers applied after lm.GenericCompiler().
+try:
+    BACKENDS = _backends()
+except Exception:  # pragma: no cover - luminal failed to import; the ops tests report that themselves
+    BACKENDS = []
+
+
+def pytest_report_header(config):
+    names = ", ".join(b.name for b in BACKENDS) or "none (luminal failed to import)"
+    return [f"luminal test seed: LUMINAL_TEST_SEED={BASE_SEED}", f"luminal backends: {names}"]
+
+
+@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
+def backend(request):
+    b = request.param
+    reason = b.skip_reason()
+    if reason:
+        pytest.skip(f"backend {b.name}: {reason}")
+    return b
+
+
+@pytest.fixture
+def seed(request) -> int:
+    return (BASE_SEED + zlib.crc32(request.node.nodeid.encode())) % 2**32
+
+
+@pytest.fixture
+def rng(seed):
+    from helpers import Rand
+
+    return Rand(seed, BASE_SEED)
