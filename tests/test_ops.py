@@ -2,7 +2,7 @@
 
 Each test builds a small graph, runs it, and compares with PyTorch computing the same thing on the CPU in the same
 dtype (see helpers.check). Data is seeded per test (conftest: LUMINAL_TEST_SEED) and kept inside each op's domain.
-Known luminal bugs are strict xfails whose reason says what goes wrong.
+Tests named after a past bug pin its fix.
 """
 from __future__ import annotations
 
@@ -166,32 +166,20 @@ def test_pow_negative_base_integer_exponent_tensor(backend, rng):
     check(lambda a, b: a ** b, None, arrays=[x, y], backend=backend, rng=rng, name="pow", tol_scale=2)
 
 
-POW_SIGN_BUG = ("Tensor.pow with a non-integer exponent returns |x| ** y for negative x: it only fixes the sign "
-                "for odd integer exponents and never yields NaN")
-
-
-@pytest.mark.xfail(strict=True, reason=POW_SIGN_BUG + ": x=[-2, -8] ** tensor y=[0.5, 1/3] gives [1.414, 2.0], torch "
-                   "gives [nan, nan]")
 def test_pow_negative_base_fractional_exponent_tensor(backend, rng):
     check(lambda a, b: a ** b, None, arrays=[np.array([-2.0, -8.0, -0.5]), np.array([0.5, 1 / 3, 1.5])],
           backend=backend, rng=rng, name="pow")
 
 
-@pytest.mark.xfail(strict=True, reason=POW_SIGN_BUG + ": x=[-2, -0.5] ** 1.7 gives [3.249, 0.308], torch gives "
-                   "[nan, nan]")
 def test_pow_negative_base_fractional_scalar_exponent(backend, rng):
     check(lambda a: a ** 1.7, None, arrays=[np.array([-2.0, -0.5])], backend=backend, rng=rng, name="pow")
 
 
-@pytest.mark.xfail(strict=True, reason="Tensor.pow with a tensor exponent computes exp2(y * log2|x|): 0 ** 0 is "
-                   "exp2(0 * -inf) = NaN, torch gives 1")
 def test_pow_zero_to_zero_tensor_exponent(backend, rng):
     check(lambda a, b: a ** b, None, arrays=[np.array([0.0, 0.0, 2.0]), np.array([0.0, 2.0, 0.0])],
           backend=backend, rng=rng, name="pow")
 
 
-@pytest.mark.xfail(strict=True, reason="int32 ** int32 tensor goes through float and is never cast back: "
-                   "tensor([2, 3, -2]) ** tensor([3, 2, 3]) gives float32 [8, 9, -8]; torch gives int32")
 def test_pow_int_tensor_exponent_dtype(backend, rng):
     check(lambda a, b: a ** b, None, arrays=[np.array([2, 3, -2], np.int32), np.array([3, 2, 3], np.int32)],
           backend=backend, rng=rng, name="int pow")
@@ -228,13 +216,10 @@ def test_int32_scalar_and_promotion(backend, rng):
           arrays=[a, f], backend=backend, rng=rng, name="int scalar ops")
 
 
-FLOORDIV_DTYPE_BUG = pytest.mark.xfail(strict=True, reason="Tensor.__floordiv__ computes through .float() and never "
-                                      "casts back: float16 // float16 and bfloat16 // bfloat16 return float32 "
-                                      "(torch keeps the input dtype)")
 
 
-@pytest.mark.parametrize("dtype", ["float32", pytest.param("float16", marks=FLOORDIV_DTYPE_BUG),
-                                   pytest.param("bfloat16", marks=FLOORDIV_DTYPE_BUG)])
+@pytest.mark.parametrize("dtype", ["float32", "float16",
+                                   "bfloat16"])
 def test_floordiv_float(backend, rng, dtype):
     a, b = mod_data(rng, (4, 6), (4, 6))
     check(lambda x, y: x // y, None, dtype=dtype, arrays=[a, b], backend=backend, rng=rng, name="floordiv")
@@ -404,9 +389,6 @@ def test_where_scalars_and_inf(backend, rng, dtype):
 NAN = float("nan")
 
 
-@pytest.mark.xfail(strict=True, reason="eq/ne/le/ge are built as ~(a<b | b<a), ~gt, ~lt, which is wrong for NaN: "
-                   "nan == nan gives True (torch False), nan != nan False (torch True), nan <= 1 and nan >= 1 True "
-                   "(torch False)")
 @pytest.mark.parametrize("dtype", ["float32"])
 def test_nan_comparisons(backend, rng, dtype):
     a, b = np.array([NAN, 1.0, 2.0, NAN]), np.array([NAN, 1.0, NAN, 3.0])
@@ -443,18 +425,12 @@ def test_masked_fill(backend, rng, dtype):
           None, dtype=dtype, arrays=[x, m], backend=backend, rng=rng, name="masked_fill")
 
 
-@pytest.mark.xfail(strict=True, reason="masked_fill computes self * (1 - m) + m * value, so inf/NaN under the mask "
-                   "leaks: tensor([inf, 1, nan]).masked_fill([T, F, T], 0.0) gives [nan, 1, nan], torch [0, 1, 0]; "
-                   "masking twice with -inf then 0 gives NaN")
 def test_masked_fill_replaces_inf_nan(backend, rng):
     v, m = np.array([np.inf, 1.0, NAN, -np.inf]), np.array([True, False, True, True])
     check(lambda x, c: [x.masked_fill(c, 0.0), x.masked_fill(c, float("-inf"))], None, arrays=[v, m],
           backend=backend, rng=rng, name="masked_fill over inf/nan")
 
 
-@pytest.mark.xfail(strict=True, reason="GenericCompiler's rewrite 'exp2(log2(x)) -> x' is unsound for x < 0: "
-                   "t.log2().exp2() on [-1, 4] gives [-1, 4] once compiled (the uncompiled graph and torch give "
-                   "[nan, 4])")
 def test_exp2_log2_roundtrip_of_negative_is_nan(backend, rng):
     check(lambda t: t.log2().exp2(), None, arrays=[np.array([-1.0, 4.0, -0.5])], backend=backend, rng=rng,
           name="exp2(log2(x))")
@@ -617,12 +593,10 @@ def test_reduce_layouts(backend, rng, layout, dtype):
           tol_scale=1 if dtype == "float32" else 2)
 
 
-ARG_KEEPDIM_BUG = pytest.mark.xfail(strict=True, reason="argmax/argmin(dim=None, keepdim=True) on a (3, 5, 7) tensor "
-                                   "returns shape (1,) (it flattens first); torch returns (1, 1, 1)")
 
 
 @pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (1, True), (-1, False), (-1, True),
-                                         pytest.param(None, True, marks=ARG_KEEPDIM_BUG)], ids=str)
+                                         (None, True)], ids=str)
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_argmax_argmin(backend, rng, op, dim, keepdim, dtype):
@@ -829,14 +803,6 @@ INDEXES = [
     ("[::3,::-4,::2]", np.s_[::3, ::-4, ::2]),
     ("[np.int64(1)]", np.s_[np.int64(1)]),
 ]
-
-
-NEG_STEP_BOUNDS_BUG = pytest.mark.xfail(strict=True, reason="Tensor.__getitem__ with a negative step AND an explicit "
-                                       "start/stop flips the dim but keeps start/stop in unflipped coordinates: "
-                                       "t[:, -2:0:-1] on (3, 5, 7) gives shape (3, 0, 7), numpy/torch-flip give "
-                                       "(3, 3, 7) = rows 3, 2, 1; t[2:0:-1] is empty instead of rows 2, 1")
-INDEXES = [pytest.param(c, marks=NEG_STEP_BOUNDS_BUG) if c[0] in ("[:,-2:0:-1]", "[2:0:-1,1:6:2]") else c
-           for c in INDEXES]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
@@ -1069,10 +1035,6 @@ def test_arange(backend):
                                 torch.arange(1, 10, 4), torch.arange(0, 1)])
 
 
-@pytest.mark.xfail(strict=True, reason="functional.py's loop at the bottom binds module globals named max/min/sum/abs "
-                   "to Tensor-method wrappers, shadowing the builtins: lm.arange(0.5, 3.0, 0.25) (any float "
-                   "start/end/step) hits `n = max(0, ...)` and raises AttributeError: 'int' object has no attribute "
-                   "'max'")
 def test_arange_float(backend):
     got, dts = _factory_run(lambda cx: [cx.arange(0.5, 3.0, 0.25), lm.arange(2.5, graph=cx), cx.arange(0, 1, 0.3)],
                             backend)
@@ -1092,9 +1054,6 @@ def test_arange_symbolic(backend):
     np.testing.assert_array_equal(c.numpy(), np.arange(8, dtype=np.float32))
 
 
-@pytest.mark.xfail(strict=True, reason="lm.arange does not accept a str dim like every other shape API "
-                   "(cx.tensor, full, reshape): cx.arange('s') falls into the float path and raises TypeError "
-                   "unsupported operand type(s) for -: 'str' and 'int'")
 def test_arange_str_dim(backend):
     cx = lm.Graph()
     cx.tensor(("s",)).set(np.ones(6, np.float32))
@@ -1232,9 +1191,6 @@ def test_norms_default_eps_and_functional(backend, rng):
           None, arrays=[x, w, b], backend=backend, rng=rng, name="norm defaults")
 
 
-@pytest.mark.xfail(strict=True, reason="rms_norm's default eps is 1e-6; torch.nn.functional.rms_norm(eps=None) uses "
-                   "torch.finfo(dtype).eps (1.19e-7 for float32), so x.rms_norm(6) differs from F.rms_norm(x, (6,)) "
-                   "by ~20% when mean(x**2) ~ 1e-6")
 def test_rms_norm_default_eps_matches_torch(backend, rng):
     """F.rms_norm(eps=None) uses torch.finfo(dtype).eps; luminal's default is 1e-6. Small inputs expose it."""
     x = rng.data((2, 6)) * 1e-3
@@ -1274,10 +1230,6 @@ def test_nn_ops_symbolic(backend, rng):
           backend=backend, rng=rng, name="nn symbolic", tol_scale=2)
 
 
-@pytest.mark.xfail(strict=True, reason="constant folding (GenericCompiler) computes with a Constant's unrounded "
-                   "double value: compiled, cx.constant(1.1, bfloat16) * 3 gives 3.296875 (uncompiled and torch: "
-                   "3.3125), cx.constant(0.1, float16) * 3 gives 0.3 (torch 0.2998), and "
-                   "cx.constant(1.1, bfloat16).to(float32) gives 1.1 instead of 1.1015625")
 def test_constant_folding_rounds_like_execution(backend):
     cx = lm.Graph()
     outs = [o.output() for o in [cx.constant(1.1, lm.bfloat16) * 3, cx.constant(0.1, lm.float16) * 3,
@@ -1290,17 +1242,11 @@ def test_constant_folding_rounds_like_execution(backend):
         np.testing.assert_array_equal(o.numpy(), w.numpy(), err_msg=f"case {i}")
 
 
-SLICED_EXPR_DIM_BUG = pytest.mark.xfail(strict=True, reason="slicing a symbolic dim leaves min/max expressions the "
-                                       "simplifier cannot reduce (dims are never negative): on a dim 's+1', t[1:] "
-                                       "has dim 's - min(1, s + 1) + 1' and t[:-1] has 'max(0, s)', neither equal "
-                                       "to 's', so x + y[1:] with x: (s, 3), y: (s+1, 3) raises 'Add: shapes ... "
-                                       "cannot be broadcast together'; likewise x[1:] * x[:-1] on a dim 's' "
-                                       "('s - min(1, s)' vs 'max(0, s - 1)')")
 
 
-@pytest.mark.parametrize("case", [pytest.param("y[1:]", marks=SLICED_EXPR_DIM_BUG),
-                                  pytest.param("y[:-1]", marks=SLICED_EXPR_DIM_BUG), "z[::2]",
-                                  pytest.param("x[1:]", marks=SLICED_EXPR_DIM_BUG)])
+@pytest.mark.parametrize("case", ["y[1:]",
+                                  "y[:-1]", "z[::2]",
+                                  "x[1:]"])
 def test_slicing_expression_dims(backend, rng, case):
     a, b, c = rng.data((4, 3)), rng.data((5, 3)), rng.data((8,))
     f = {"y[1:]": lambda x, y, z: x + y[1:], "y[:-1]": lambda x, y, z: y[:-1] * x,
@@ -1446,9 +1392,6 @@ def test_graph_reuse_symbolic_rebound_by_set(backend, rng):
 # =====================================================================================================================
 # Inputs
 # =====================================================================================================================
-@pytest.mark.xfail(strict=True, reason="0-d inputs cannot be set: Graph._set_input stores np.ascontiguousarray(arr) "
-                   "(and bf16_bits does the same), which turns a 0-d array into shape (1,), so execute() raises "
-                   "ValueError \"input ... holds data of the wrong shape or dtype\"")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_zero_d_input(backend, rng, dtype):
     check(lambda a, b: [a + b, a * 2, a.exp()], None, dtype=dtype, arrays=[np.array(1.5), np.array(-0.5)],

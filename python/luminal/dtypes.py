@@ -53,7 +53,7 @@ def result_type(a: DType, b: DType) -> DType:
 
 def bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), rounding to nearest even."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    u = np.require(x, np.float32, "C").view(np.uint32)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)

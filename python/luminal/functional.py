@@ -1,6 +1,8 @@
 """Functions with PyTorch names that build tensors or combine several (factories, cat, where, ...)."""
 from __future__ import annotations
 
+import builtins
+import math
 from typing import Sequence
 
 from . import _core
@@ -20,16 +22,15 @@ def arange(start, end=None, step=1, *, dtype=None, graph=None) -> Tensor:
     g = graph or default_graph()
     if end is None:
         start, end = 0, start
-    if all(isinstance(v, int) or isinstance(v, _core.Expr) for v in (start, end)) and isinstance(step, int):
+    start, end = (_core.to_expr(v) if isinstance(v, str) else v for v in (start, end))
+    if all(isinstance(v, (int, _core.Expr)) for v in (start, end)) and isinstance(step, int):
         if step <= 0:
             raise ValueError("arange: step must be positive")
         s, e = _core.to_expr(start), _core.to_expr(end)
         n = (e - s + (step - 1)) // step
         t = g._wrap(g._g.iota(s + _core.Expr.var("z") * step, n))
         return t.to(dtype) if dtype else t
-    import math
-
-    n = max(0, math.ceil((end - start) / step))
+    n = builtins.max(0, math.ceil((end - start) / step))
     return (_arange(g, n).to(dt.float32) * step + start).to(dtype or dt.float32)
 
 

@@ -179,7 +179,7 @@ class Graph:
         if want is dt.bfloat16:
             arr = dt.bf16_bits(arr.astype(np.float32, copy=False))
         else:
-            arr = np.ascontiguousarray(arr, dtype=want.np)
+            arr = np.require(arr, dtype=want.np, requirements="C")  # keeps 0-d arrays 0-d
         self._data[nid] = arr
 
     def _bind(self, shape, actual, name):

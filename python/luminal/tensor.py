@@ -231,7 +231,7 @@ class Tensor:
     def __floordiv__(self, o):
         a, b = self._operands(o, "floor_divide")
         q = (a - a.remainder(b)).float() / b.float()
-        return q.to(a.dtype) if not a.dtype.is_float else q
+        return q.to(a.dtype)
 
     def fmod(self, o):
         return self._binary("Mod", o)
@@ -275,13 +275,17 @@ class Tensor:
                 return self.sqrt()
             exponent = e
         x, y = self._operands(exponent, "pow")
-        if not x.dtype.is_float:
+        ints = not x.dtype.is_float
+        if ints:
             x, y = x.float(), y.float()
-        # |x|^y, negated where x < 0 and y is an odd integer.
-        mag = (y * x.abs().log2()).exp2()
+        # |x|^y (with 0^0 = 1), negated where x < 0 and y is an odd integer, NaN where x < 0 and y is fractional.
+        zero_exp = y.eq(0).to(x.dtype)
+        mag = (y * (x.abs() + zero_exp).log2()).exp2()
         odd = y.abs().remainder(2).eq(1).to(x.dtype)
         neg = x.lt(0).to(x.dtype)
-        return mag * (1 - 2 * neg * odd)
+        frac = y.ne(y.floor()).to(x.dtype)
+        out = mag * (1 - 2 * neg * odd) * (1 - 2 * neg * frac).sqrt()  # sqrt(-1) is the NaN
+        return out.round().to(self.dtype) if ints else out
 
     # ---- unary math ----------------------------------------------------------------------------------------------
     def log2(self):
@@ -361,22 +365,39 @@ class Tensor:
     def lt(self, o):
         return self._binary("LessThan", o)
 
+    def isnan(self):
+        if not self.dtype.is_float:
+            return self._const_like(0, dt.bool_)
+        inf = float("inf")
+        return ~(self.lt(inf) | self.gt(-inf))
+
     def gt(self, o):
         a, b = self._operands(o, "gt")
-        return b.lt(a)
+        return b._binary("LessThan", a)
+
+    def _ordered(self, other) -> "Tensor | None":
+        """Where neither operand is NaN (None for non-float types, which have no NaN)."""
+        if not self.dtype.is_float:
+            return None
+        inf = float("inf")
+        return (self.lt(inf) | self.gt(-inf)) & (other.lt(inf) | other.gt(-inf))
 
     def le(self, o):
-        return ~self.gt(o)
+        a, b = self._operands(o, "le")
+        out, ok = ~b.lt(a), a._ordered(b)
+        return out if ok is None else out & ok
 
     def ge(self, o):
-        return ~self.lt(o)
+        a, b = self._operands(o, "ge")
+        return b.le(a)
 
     def ne(self, o):
-        a, b = self._operands(o, "ne")
-        return a.lt(b) | b.lt(a)
+        return ~self.eq(o)
 
     def eq(self, o):
-        return ~self.ne(o)
+        a, b = self._operands(o, "eq")
+        out, ok = ~(a.lt(b) | b.lt(a)), a._ordered(b)
+        return out if ok is None else out & ok
 
     __lt__, __gt__, __le__, __ge__ = lt, gt, le, ge
 
@@ -428,12 +449,10 @@ class Tensor:
         return where(condition, self, other)
 
     def masked_fill(self, mask, value):
-        """`value` where mask is true. Infinite values go through log2(0) = -inf so no 0 * inf appears."""
-        m = mask.to(self.dtype) if _is_tensor(mask) else mask
-        if math.isinf(value):
-            sign = -1 if value < 0 else 1
-            return self + sign * -(1 - m).log2()
-        return self * (1 - m) + m * value
+        """`value` where mask is true, exactly (whatever the replaced values were)."""
+        from .functional import where
+
+        return where(mask.bool(), self._const_like(value), self)
 
     # ---- reductions ----------------------------------------------------------------------------------------------
     def sum(self, dim=None, keepdim: bool = False, dtype=None):
@@ -494,13 +513,15 @@ class Tensor:
     def _arg(self, dim, keepdim, largest: bool) -> "Tensor":
         x = (self if largest else -self)._float()
         if dim is None:
-            x, dim = x.reshape(-1), 0
+            flat = x.reshape(-1)._arg(0, False, True)
+            return flat.reshape([1] * self.ndim) if keepdim else flat
         ax = x._axis(dim)
         n = x.layout.shape[ax]
         m = x.max(ax, keepdim=True)
         idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
         # First index of the max: maximise n - i over the positions that hit it.
-        score = x.eq(m).to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
+        hit = ~(x.lt(m) | m.lt(x))  # equal, or both NaN: torch's argmax picks a NaN as the max
+        score = hit.to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
         out = _scalar(self.graph, n, dt.int32) - score.max(ax, keepdim)
         return out
 
@@ -723,9 +744,16 @@ class Tensor:
                 if step == 0:
                     raise ValueError("slice step cannot be zero")
                 if step < 0:
+                    # Flip, then take the same elements counted from the other end.
+                    if n.is_const():
+                        rng = range(*i.indices(int(n)))
+                        first = int(n) - 1 - rng.start if len(rng) else 0
+                        i = slice(first, first + (len(rng) - 1) * -step + 1 if len(rng) else 0, -step)
+                    elif i.start is not None or i.stop is not None:
+                        raise NotImplementedError("a negative step with bounds needs a constant dim")
+                    else:
+                        i = slice(None, None, -step)
                     v = v.flip(ax)
-                    i = slice(None if i.start is None else _neg_index(i.start, n),
-                              None if i.stop is None else _neg_index(i.stop, n), -step)
                     step = -step
                 start = _clamp_index(i.start, n, 0)
                 stop = _clamp_index(i.stop, n, n)
@@ -766,7 +794,11 @@ class Tensor:
                              "must have the same number of dims")
         src = self.contiguous()
         strides = _core.View.contiguous(src.layout.shape).strides
-        flat = index.to(dt.int32) * _scalar(self.graph, strides[ax], dt.int32)
+        idx = index.to(dt.int32)
+        # An index outside [0, n) along `dim` is pushed past the end of the flat table, so Gather reports it.
+        bad = idx.lt(0) | idx.ge(_scalar(self.graph, self.layout.shape[ax], dt.int32))
+        flat = idx * _scalar(self.graph, strides[ax], dt.int32) + bad.to(dt.int32) * _scalar(
+            self.graph, src.numel(), dt.int32)
         for d in range(self.ndim):
             if d != ax:
                 flat = flat + _arange_along(index, d) * _scalar(self.graph, strides[d], dt.int32)
@@ -788,7 +820,11 @@ class Tensor:
                              f"(inner dims {a.layout.shape[-1]} and {b.layout.shape[-2]})")
         t = dt.result_type(a.dtype, b.dtype)
         a, b = a.to(t), b.to(t)
-        batch = broadcast_shapes(a.layout.shape[:-2], b.layout.shape[:-2], "matmul")
+        try:
+            batch = broadcast_shapes(a.layout.shape[:-2], b.layout.shape[:-2], "matmul")
+        except ValueError:
+            raise ValueError(f"matmul: batch dims of {_fmt(self.shape)} and {_fmt(other.shape)} cannot be "
+                             "broadcast together") from None
         m, k, n = a.layout.shape[-2], a.layout.shape[-1], b.layout.shape[-1]
         # (.., m, 1, k) * (.., 1, n, k) summed over k: the broadcast-Mul + SumReduce that compilers turn into GEMMs.
         a3 = a.unsqueeze(-2).expand_to(list(batch) + [m, n, k])
@@ -823,10 +859,13 @@ class Tensor:
             out = out + bias
         return out
 
-    def rms_norm(self, normalized_shape=None, weight=None, eps: float = 1e-6):
+    def rms_norm(self, normalized_shape=None, weight=None, eps: float | None = None):
         nd = 1 if normalized_shape is None else (1 if isinstance(normalized_shape, int) else len(normalized_shape))
         dims = list(range(-nd, 0))
         x = self._float()
+        if eps is None:  # torch's default: the dtype's machine epsilon
+            eps = float(np.finfo(np.float16 if x.dtype is dt.float16 else np.float32).eps) \
+                if x.dtype is not dt.bfloat16 else 2.0 ** -7
         out = x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt()
         return out * weight if weight is not None else out
 
@@ -844,10 +883,10 @@ class Tensor:
 def broadcast_shapes(a, b, op: str):
     """NumPy broadcasting over dims that may be symbolic."""
     n = max(len(a), len(b))
-    a = [_core.Expr(1)] * (n - len(a)) + list(a)
-    b = [_core.Expr(1)] * (n - len(b)) + list(b)
+    pa = [_core.Expr(1)] * (n - len(a)) + list(a)
+    pb = [_core.Expr(1)] * (n - len(b)) + list(b)
     out = []
-    for x, y in zip(a, b):
+    for x, y in zip(pa, pb):
         if x == y or y == 1:
             out.append(x)
         elif x == 1:
@@ -882,19 +921,14 @@ def _arange_along(x: Tensor, ax: int) -> Tensor:
     return r.expand_to(x.layout.shape)
 
 
-def _neg_index(i, n):
-    j = _core.to_expr(i)
-    return n + j if j.is_const() and int(j) < 0 else j
-
-
 def _clamp_index(i, n, default):
+    """A slice bound in [0, n]; with a symbolic n, bounds are trusted to be in range (no min/max to carry)."""
     if i is None:
         return _core.to_expr(default)
     j = _core.to_expr(i)
     if j.is_const():
         v = int(j)
-        if v < 0:
-            j = n + v
-            return j.max(0) if not j.is_const() else _core.Expr(max(int(j), 0))
-        return j.min(n) if not n.is_const() else _core.Expr(min(v, int(n)))
+        if not n.is_const():
+            return n + v if v < 0 else j
+        return _core.Expr(max(int(n) + v, 0) if v < 0 else min(v, int(n)))
     return j

@@ -114,4 +114,11 @@ inline void store_from_double(void* base, int64_t i, DType d, double v) {
   }
 }
 
+// The value a `d` element holds after storing `v` (constants are kept exactly as they will be read).
+inline double round_to(DType d, double v) {
+  uint32_t slot = 0;
+  store_from_double(&slot, 0, d, v);
+  return load_as_double(&slot, 0, d);
+}
+
 }  // namespace luminal

@@ -48,13 +48,6 @@ bool same_node(const Node& a, const Node& b) {
   return true;
 }
 
-// The value a node of `dtype` holds after storing `v`: folding must round exactly as executing would.
-double round_to(DType dtype, double v) {
-  uint32_t slot = 0;
-  store_from_double(&slot, 0, dtype, v);
-  return load_as_double(&slot, 0, dtype);
-}
-
 Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
 Pattern op(Op o, std::vector<Pattern> inputs, const std::string& name = "") {
   Pattern p; p.op = o; p.inputs = std::move(inputs); p.name = name; return p;
@@ -128,7 +121,13 @@ std::vector<Rule> arithmetic_rules() {
   r.push_back({"x * 1 -> x", op(Op::Mul, {any("x"), constant("", 1.0)}), to_input("x")});
   r.push_back({"-(-x) -> x", op(Op::Mul, {op(Op::Mul, {any("x"), constant("", -1.0)}), constant("", -1.0)}), to_input("x")});
   r.push_back({"recip(recip(x)) -> x", op(Op::Recip, {op(Op::Recip, {any("x")})}), to_input("x")});
-  r.push_back({"exp2(log2(x)) -> x", op(Op::Exp2, {op(Op::Log2, {any("x")})}), to_input("x")});
+  // exp2(log2(x)) is x only where log2 is defined: fire when x is known to be non-negative.
+  Pattern nonneg = any("x");
+  nonneg.where = [](const Graph& g, int64_t id, const View& v) {
+    const Node& n = g.node(id);
+    return !v.has_mask() && (n.op == Op::Exp2 || n.op == Op::Sqrt || (n.op == Op::Constant && n.value >= 0));
+  };
+  r.push_back({"exp2(log2(x)) -> x", op(Op::Exp2, {op(Op::Log2, {nonneg})}), to_input("x")});
   // A same-dtype Cast is a copy (what `contiguous` records); reading its input as stored makes it a no-op.
   r.push_back({"no-op cast/copy", op(Op::Cast, {any("x")}), to_input("x")});
   return r;
@@ -144,7 +143,7 @@ std::vector<Rule> constant_folding_rules() {
   }(), [](Graph& g, const Match& m) -> std::optional<int64_t> {
     const Node& n = g.node(m.root);
     double v = fold_unary(n.op, g.node(m["a"].node).value);
-    return g.constant(round_to(n.dtype, v), n.dtype);
+    return g.constant(v, n.dtype);
   }});
   r.push_back({"fold binary", [] {
     Pattern p = op(Op::Add, {constant("a"), constant("b")});
@@ -155,11 +154,11 @@ std::vector<Rule> constant_folding_rules() {
   }(), [](Graph& g, const Match& m) -> std::optional<int64_t> {
     const Node& n = g.node(m.root);
     double v = fold_binary(n.op, g.node(m["a"].node).value, g.node(m["b"].node).value);
-    return g.constant(round_to(n.dtype, v), n.dtype);
+    return g.constant(v, n.dtype);
   }});
   r.push_back({"fold cast", op(Op::Cast, {constant("a")}), [](Graph& g, const Match& m) -> std::optional<int64_t> {
     const Node& n = g.node(m.root);
-    return g.constant(round_to(n.dtype, g.node(m["a"].node).value), n.dtype);
+    return g.constant(g.node(m["a"].node).value, n.dtype);
   }});
   // Reductions of a broadcast constant with a known length.
   auto reduce_const = [](Op o) {
@@ -171,7 +170,7 @@ std::vector<Rule> constant_folding_rules() {
                   if (!len.is_const() || len.as_const() == 0) return std::nullopt;
                   double v = g.node(e.node).value;
                   if (n.op == Op::SumReduce) v *= double(len.as_const());
-                  return g.constant(round_to(n.dtype, v), n.dtype);
+                  return g.constant(v, n.dtype);
                 }};
   };
   r.push_back(reduce_const(Op::SumReduce));

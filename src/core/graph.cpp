@@ -130,13 +130,16 @@ int64_t Graph::add(Node n) {
 }
 
 int64_t Graph::input(const Shape& shape, DType dtype, const std::string& name) {
+  for (auto& d : shape)
+    if (d.is_const() && d.as_const() < 0)
+      throw std::invalid_argument("input '" + name + "': negative dimension in shape " + shape_str(shape));
   Node n{Op::Input, dtype, shape};
   n.name = name;
   return add(std::move(n));
 }
 int64_t Graph::constant(double value, DType dtype) {
   Node n{Op::Constant, dtype, {}};
-  n.value = value;
+  n.value = round_to(dtype, value);  // the value as the dtype holds it, so folding matches execution
   return add(std::move(n));
 }
 int64_t Graph::output(const Edge& x) { return add(Node{Op::Output, DType::F32, {}, {x}}); }
