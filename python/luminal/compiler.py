@@ -177,13 +177,18 @@ class QuantizedLowering(_CorePass):
     fn = staticmethod(_core.lower_quantized)
 
 
+class ElementwiseFusion(_CorePass):
+    """Chains of elementwise primops, and a sum/max over the last axis at their end, -> one fused kernel each."""
+    fn = staticmethod(_core.fuse_elementwise)
+
+
 class CPUCompiler:
     """Lowers to the native CPU kernels (run GenericCompiler first). `threads` sets the worker count."""
 
     def __init__(self, threads: int | None = None):
         if threads is not None:
             _core.set_num_threads(threads)
-        self.passes = [MatMulLowering(), QuantizedLowering(), DeadNodeRemoval()]
+        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(), DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

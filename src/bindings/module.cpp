@@ -201,7 +201,8 @@ PYBIND11_MODULE(_core, m) {
       .def("keep", &Graph::keep)
       .def("register_kernel", [](Graph& g, const std::string& name, py::function fn) {
         // The kernel runs Python: take the GIL, hand it numpy arrays, check what comes back.
-        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, DType out_dtype) {
+        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, const Node& node) {
+          DType out_dtype = node.dtype;
           std::vector<Buffer> dense;  // Python kernels get contiguous arrays
           for (auto& a : ins) dense.push_back(materialize(*a.buf, a.view));
           py::gil_scoped_acquire gil;

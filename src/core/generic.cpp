@@ -41,7 +41,8 @@ size_t node_hash(const Node& n) {
 
 bool same_node(const Node& a, const Node& b) {
   if (a.op != b.op || a.dtype != b.dtype || a.axis != b.axis || a.name != b.name || a.shape != b.shape ||
-      std::memcmp(&a.value, &b.value, 8) != 0 || a.expr != b.expr || a.inputs.size() != b.inputs.size())
+      std::memcmp(&a.value, &b.value, 8) != 0 || a.expr != b.expr || a.payload != b.payload ||
+      a.inputs.size() != b.inputs.size())
     return false;
   for (size_t i = 0; i < a.inputs.size(); ++i)
     if (a.inputs[i].node != b.inputs[i].node || a.inputs[i].view != b.inputs[i].view) return false;

@@ -42,6 +42,7 @@ struct Node {
   double value = 0;          // Constant
   Expr expr;                 // Iota: the value at index `z`
   std::string name;          // Input's name, Custom's op name
+  std::shared_ptr<const void> payload;  // a backend op's data (a fused kernel's program); compared by identity
   bool alive = true;
 };
 
@@ -61,8 +62,9 @@ struct KernelArg {
   ConcreteView view;
 };
 
-// A custom op's CPU implementation: inputs in, the output (of the dtype asked for) out.
-using CustomKernel = std::function<Buffer(const std::vector<KernelArg>&, DType out_dtype)>;
+struct Node;
+// A custom op's CPU implementation: inputs in, the output (of the node's shape and dtype) out.
+using CustomKernel = std::function<Buffer(const std::vector<KernelArg>&, const Node&)>;
 
 // Kernels every graph can use (native ops such as dequantisation), registered once at start-up.
 void register_builtin_kernel(const std::string& name, CustomKernel k);

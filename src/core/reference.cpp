@@ -175,7 +175,7 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
       if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
       std::vector<KernelArg> ins;
       for (auto& e : n.inputs) ins.push_back(KernelArg{&bufs.at(e.node), ConcreteView(e.view, dims)});
-      Buffer r = (*k)(ins, n.dtype);
+      Buffer r = (*k)(ins, n);
       if (r.dtype != n.dtype || r.shape != out.shape)
         throw std::runtime_error("custom op '" + n.name + "' returned a " + dtype_name(r.dtype) +
                                  " result of the wrong shape or dtype (expected " + dtype_name(n.dtype) + ")");

@@ -19,4 +19,7 @@ size_t lower_matmuls(Graph& g);
 // Gather(Dequant(raw)) -> Dequant(Gather(raw)). Run after lower_matmuls.
 size_t lower_quantized(Graph& g);
 
+// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each.
+size_t fuse_elementwise(Graph& g);
+
 }  // namespace luminal

@@ -21,7 +21,8 @@ bool in_bounds(const KernelArg& a) {
   return lo >= 0 && hi < a.buf->numel();
 }
 
-Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
+Buffer matmul_kernel(const std::vector<KernelArg>& args, const Node& node) {
+  DType out_dtype = node.dtype;
   const KernelArg &a = args.at(0), &b = args.at(1);
   const ConcreteView &va = a.view, &vb = b.view;
   size_t r = va.shape.size();
@@ -31,9 +32,10 @@ Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
   int64_t K = va.shape[r - 1];
   int64_t N = r >= 2 ? va.shape[r - 2] : 1;
   int64_t rows = out.numel() / (N ? N : 1);
-  bool fast = !va.masked && !vb.masked && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
-              out_dtype == DType::F32 && va.strides[r - 1] == 1 && vb.strides[r - 1] == 1 && in_bounds(a) &&
-              in_bounds(b);
+  bool f32 = !va.masked && !vb.masked && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+             out_dtype == DType::F32 && in_bounds(a) && in_bounds(b);
+  bool fast = f32 && va.strides[r - 1] == 1 && vb.strides[r - 1] == 1;  // both rows contiguous: SIMD dot
+  int64_t ska = va.strides[r - 1], skb = vb.strides[r - 1];
   // Offsets of output row `row` (all dims but the last two... and N) for each operand.
   auto row_offsets = [&](int64_t row, int64_t& oa, int64_t& ob) {
     oa = va.offset, ob = vb.offset;
@@ -68,6 +70,14 @@ Buffer matmul_kernel(const std::vector<KernelArg>& args, DType out_dtype) {
           const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;
           const float* pb = static_cast<const float*>(b.buf->data.get()) + ob;
           static_cast<float*>(out.data.get())[o] = simd::dot_f32(pa, pb, K);
+          continue;
+        }
+        if (f32) {  // strided float32 (e.g. attention weights @ V)
+          const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;
+          const float* pb = static_cast<const float*>(b.buf->data.get()) + ob;
+          float s = 0;
+          for (int64_t k = 0; k < K; ++k) s += pa[k * ska] * pb[k * skb];
+          static_cast<float*>(out.data.get())[o] = s;
           continue;
         }
         // Any dtype, masks: the reference semantics, element by element.

@@ -71,7 +71,8 @@ void check_raw(const KernelArg& a, const Format& f, const char* op) {
 }
 
 CustomKernel dequant_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, DType out_dtype) {
+  return [&f](const std::vector<KernelArg>& args, const Node& node) {
+    DType out_dtype = node.dtype;
     const KernelArg& a = args.at(0);
     check_raw(a, f, "Dequant");
     std::vector<int64_t> shape = a.view.shape;
@@ -90,7 +91,8 @@ CustomKernel dequant_kernel(const Format& f) {
 
 // out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
 CustomKernel qmatmul_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, DType out_dtype) {
+  return [&f](const std::vector<KernelArg>& args, const Node& node) {
+    DType out_dtype = node.dtype;
     const KernelArg &a = args.at(0), &w = args.at(1);
     check_raw(w, f, "QMatMul");
     const ConcreteView& va = a.view;

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <exception>
+#include <utility>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -14,7 +16,7 @@ namespace {
 class Pool {
  public:
   explicit Pool(int n) : n_(std::max(1, n)) {
-    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~Pool() {
     { std::lock_guard<std::mutex> l(mu_); stop_ = true; ++epoch_; }
@@ -23,25 +25,37 @@ class Pool {
   }
   int size() const { return n_; }
 
-  // Splits [0, n) into one chunk per thread; the caller runs chunk 0.
+  // Splits [0, n) into a few chunks per thread, taken first come first served (a descheduled thread then
+  // delays only its current chunk); the caller works too.
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(run_mu_);
     {
       std::lock_guard<std::mutex> l(mu_);
       fn_ = &fn; n_items_ = n; pending_ = n_ - 1; ++epoch_;
+      per_ = std::max<int64_t>(1, n / (4 * n_));
+      next_.store(0);
     }
     cv_.notify_all();
-    chunk(0);
-    std::unique_lock<std::mutex> l(mu_);
-    done_cv_.wait(l, [this] { return pending_ == 0; });
+    work();
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      done_cv_.wait(l, [this] { return pending_ == 0; });
+    }
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
-  void chunk(int i) {
-    int64_t per = (n_items_ + n_ - 1) / n_, b = std::min<int64_t>(n_items_, per * i), e = std::min<int64_t>(n_items_, b + per);
-    if (b < e) (*fn_)(b, e);
+  void work() {
+    try {
+      for (int64_t b; (b = next_.fetch_add(per_)) < n_items_;) (*fn_)(b, std::min(n_items_, b + per_));
+    } catch (...) {
+      // Kernels report bad input by throwing: carry the first error to the caller, skip the remaining chunks.
+      std::lock_guard<std::mutex> l(err_mu_);
+      if (!error_) error_ = std::current_exception();
+      next_.store(n_items_);
+    }
   }
-  void loop(int i) {
+  void loop() {
     uint64_t seen = 0;
     for (;;) {
       {
@@ -50,7 +64,7 @@ class Pool {
         seen = epoch_;
         if (stop_) return;
       }
-      chunk(i);
+      work();
       std::lock_guard<std::mutex> l(mu_);
       if (--pending_ == 0) done_cv_.notify_one();
     }
@@ -61,7 +75,10 @@ class Pool {
   std::mutex mu_, run_mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t n_items_ = 0;
+  int64_t n_items_ = 0, per_ = 1;
+  std::atomic<int64_t> next_{0};
+  std::mutex err_mu_;
+  std::exception_ptr error_;
   int pending_ = 0;
   uint64_t epoch_ = 0;
   bool stop_ = false;
