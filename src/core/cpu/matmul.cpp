@@ -21,8 +21,53 @@ bool in_bounds(const KernelArg& a) {
   return lo >= 0 && hi < a.buf->numel();
 }
 
-Buffer matmul_kernel(const std::vector<KernelArg>& args, const Node& node) {
+// Copies a float32 operand whose reduced (last) axis is strided into a buffer where that axis is contiguous,
+// keeping broadcast (stride-0) dims broadcast so nothing is duplicated. Returns the packed argument.
+KernelArg pack_last_axis(const KernelArg& x, Buffer& storage) {
+  const ConcreteView& v = x.view;
+  size_t r = v.shape.size();
+  std::vector<size_t> dims;  // non-broadcast dims other than the last, outermost first
+  for (size_t d = 0; d + 1 < r; ++d)
+    if (v.strides[d] != 0 && v.shape[d] != 1) dims.push_back(d);
+  dims.push_back(r - 1);
+  std::vector<int64_t> shape;
+  for (size_t d : dims) shape.push_back(v.shape[d]);
+  storage = Buffer::alloc(DType::F32, shape);
+  ConcreteView packed = v;
+  packed.offset = 0;
+  int64_t stride = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    packed.strides[dims[i]] = stride;
+    stride *= v.shape[dims[i]];
+  }
+  for (size_t d = 0; d + 1 < r; ++d)
+    if (!(v.strides[d] != 0 && v.shape[d] != 1)) packed.strides[d] = 0;
+  const float* src = static_cast<const float*>(x.buf->data.get());
+  float* dst = static_cast<float*>(storage.data.get());
+  std::vector<int64_t> idx(dims.size(), 0);
+  for (int64_t i = 0, n = storage.numel(); i < n; ++i) {
+    int64_t off = v.offset;
+    for (size_t k = 0; k < dims.size(); ++k) off += idx[k] * v.strides[dims[k]];
+    dst[i] = src[off];
+    for (size_t k = dims.size(); k-- > 0;) {
+      if (++idx[k] < shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return KernelArg{&storage, packed};
+}
+
+Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
   DType out_dtype = node.dtype;
+  // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
+  std::vector<KernelArg> args = in_args;
+  Buffer packed[2];
+  for (int i = 0; i < 2; ++i) {
+    const KernelArg& x = args.at(i);
+    size_t r = x.view.shape.size();
+    if (r && x.buf->dtype == DType::F32 && !x.view.masked && x.view.strides[r - 1] != 1 && in_bounds(x))
+      args[i] = pack_last_axis(x, packed[i]);
+  }
   const KernelArg &a = args.at(0), &b = args.at(1);
   const ConcreteView &va = a.view, &vb = b.view;
   size_t r = va.shape.size();
