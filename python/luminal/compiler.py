@@ -43,9 +43,13 @@ def any_(name: str = "", dtype=None, where=None) -> _core.Pattern:
     return _core.Pattern(name=name, dtype=None if dtype is None else dt.dtype(dtype).name, where=where)
 
 
+def _unpadded(_g, _node, view) -> bool:
+    return not view.has_mask()
+
+
 def const(value=None, name: str = "") -> _core.Pattern:
-    """A Constant node (of the given value, if any)."""
-    return _core.Pattern(op="Constant", name=name, value=None if value is None else float(value))
+    """A Constant node (of the given value, if any) read without padding, so every element it yields is its value."""
+    return _core.Pattern(op="Constant", name=name, value=None if value is None else float(value), where=_unpadded)
 
 
 def find(graph, pattern) -> list:

@@ -11,6 +11,11 @@ from . import _core
 _COLORS = {"Input": "#cfe8ff", "Output": "#ffe2b8", "Constant": "#eeeeee", "Iota": "#eeeeee", "Custom": "#d8f5d0"}
 
 
+def _esc(text) -> str:
+    """Text for a double-quoted DOT string (our labels use \\n for line breaks, added after escaping)."""
+    return str(text).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def _label(n) -> str:
     shape = "(" + ", ".join(str(d) for d in n.shape) + ")"
     head = n.name if n.op in ("Custom", "Input") else n.op
@@ -24,7 +29,7 @@ def _label(n) -> str:
         head = f"Cast -> {n.dtype}"
     elif n.op == "Input":
         head = f"Input '{n.name}'"
-    return f"{head}\\n{shape} {n.dtype}"
+    return f"{_esc(head)}\\n{_esc(shape)} {n.dtype}"
 
 
 def to_dot(graph, title: str | None = None, prefix: str = "n") -> str:
@@ -36,7 +41,7 @@ def _body(graph, title, prefix) -> str:
     g = graph._g
     lines = ["  rankdir=TB; node [shape=box, style=\"rounded,filled\", fontname=Helvetica, fontsize=10];"]
     if title:
-        lines.append(f'  label="{title}"; labelloc=t;')
+        lines.append(f'  label="{_esc(title)}"; labelloc=t;')
     for i in g.topo_order():
         n = g.node(i)
         lines.append(f'  {prefix}{i} [label="{_label(n)}", fillcolor="{_COLORS.get(n.op, "white")}"];')
@@ -57,11 +62,11 @@ def _body(graph, title, prefix) -> str:
 def compare_dot(graph) -> str:
     """The graph before its last compile and now, side by side."""
 
-    def cluster(name, body):
-        return f"  subgraph cluster_{name} {{\n    label=\"{name}\";\n{body}  }}\n"
+    def cluster(key, label, body):
+        return f"  subgraph cluster_{key} {{\n    label=\"{label}\";\n{body}  }}\n"
 
-    return ("digraph luminal {\n" + cluster("before compile", graph._dot_before_compile) +
-            cluster("after compile", _body(graph, None, "a")) + "}\n")
+    return ("digraph luminal {\n" + cluster("before", "before compile", graph._dot_before_compile) +
+            cluster("after", "after compile", _body(graph, None, "a")) + "}\n")
 
 
 def snapshot(graph) -> str:

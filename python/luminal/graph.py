@@ -196,8 +196,9 @@ class Graph:
             unbound = [v for v in vs if v not in known]
             if not unbound:
                 if expr.eval(known) != n:
-                    raise ValueError(f"input '{name}': dim {expr} = {expr.eval(known)} under {known}, "
-                                     f"but the array has {n} (shape {tuple(actual)})")
+                    raise ValueError(f"input '{name}': dim {expr} = {expr.eval(known)} under {known} (bound since "
+                                     f"the last execute), but the array has {n} (shape {tuple(actual)}); to change "
+                                     f"a dim before executing, call set_dim() first")
                 continue
             if len(unbound) > 1:
                 raise ValueError(f"input '{name}': cannot solve dim {expr} for {unbound} from size {n}")

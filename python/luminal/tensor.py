@@ -69,7 +69,7 @@ class Tensor:
         return f"Tensor(shape={_fmt(self.shape)}, dtype={self.dtype.name}, node={self.id})"
 
     def _edge(self):
-        return _core.Edge(self.id, self.layout)
+        return self.graph._g.resolve_edge(_core.Edge(self._id, self.layout))
 
     def _new(self, nid: int) -> "Tensor":
         return self.graph._wrap(nid)
@@ -217,6 +217,11 @@ class Tensor:
         return b + a * -1
 
     def __truediv__(self, o):
+        if _is_tensor(o):  # the reciprocal before broadcasting: once per element of the divisor
+            broadcast_shapes(self.layout.shape, o.layout.shape, "div")
+            t = dt.result_type(self.dtype, o.dtype)
+            t = t if t.is_float else dt.float32
+            return self.to(t) * o.to(t).reciprocal()
         a, b = self._operands(o, "div")
         if not a.dtype.is_float:
             a, b = a.float(), b.float()

@@ -194,6 +194,7 @@ PYBIND11_MODULE(_core, m) {
       .def("topo_order", &Graph::topo_order)
       .def("outputs", &Graph::outputs)
       .def("resolve", &Graph::resolve)
+      .def("resolve_edge", &Graph::resolve_edge)
       .def("replace_uses", &Graph::replace_uses)
       .def("remove", &Graph::remove)
       .def("replace_uses_scalar", &Graph::replace_uses_scalar)

@@ -136,27 +136,21 @@ std::vector<Rule> arithmetic_rules() {
 
 std::vector<Rule> constant_folding_rules() {
   std::vector<Rule> r;
-  r.push_back({"fold unary", [] {
-    Pattern p = op(Op::Log2, {constant("a")});
-    p.op.reset();
-    p.where = [](const Graph& g, int64_t id, const View&) { return is_unary(g.node(id).op); };
-    return p;
-  }(), [](Graph& g, const Match& m) -> std::optional<int64_t> {
-    const Node& n = g.node(m.root);
-    double v = fold_unary(n.op, g.node(m["a"].node).value);
-    return g.constant(v, n.dtype);
-  }});
-  r.push_back({"fold binary", [] {
-    Pattern p = op(Op::Add, {constant("a"), constant("b")});
-    p.op.reset();
+  for (Op o : {Op::Log2, Op::Exp2, Op::Sin, Op::Sqrt, Op::Recip})
+    r.push_back({std::string("fold ") + op_name(o), op(o, {constant("a")}),
+                 [](Graph& g, const Match& m) -> std::optional<int64_t> {
+                   const Node& n = g.node(m.root);
+                   return g.constant(fold_unary(n.op, g.node(m["a"].node).value), n.dtype);
+                 }});
+  for (Op o : {Op::Add, Op::Mul, Op::Mod, Op::LessThan}) {
+    Pattern p = op(o, {constant("a"), constant("b")});
     p.commutative = false;
-    p.where = [](const Graph& g, int64_t id, const View&) { return is_binary(g.node(id).op); };
-    return p;
-  }(), [](Graph& g, const Match& m) -> std::optional<int64_t> {
-    const Node& n = g.node(m.root);
-    double v = fold_binary(n.op, g.node(m["a"].node).value, g.node(m["b"].node).value);
-    return g.constant(v, n.dtype);
-  }});
+    r.push_back({std::string("fold ") + op_name(o), p, [](Graph& g, const Match& m) -> std::optional<int64_t> {
+                   const Node& n = g.node(m.root);
+                   return g.constant(fold_binary(n.op, g.node(m["a"].node).value, g.node(m["b"].node).value),
+                                     n.dtype);
+                 }});
+  }
   r.push_back({"fold cast", op(Op::Cast, {constant("a")}), [](Graph& g, const Match& m) -> std::optional<int64_t> {
     const Node& n = g.node(m.root);
     return g.constant(g.node(m["a"].node).value, n.dtype);

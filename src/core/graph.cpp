@@ -260,6 +260,20 @@ void Graph::replace_uses_scalar(int64_t old_id, int64_t new_id) {
     users_[new_id].push_back(u);
   }
   users_[old_id].clear();
+  remap_[old_id] = new_id;
+  remap_scalar_[old_id] = true;
+}
+
+Edge Graph::resolve_edge(const Edge& e) const {
+  Edge out = e;
+  for (auto it = remap_.find(out.node); it != remap_.end(); it = remap_.find(out.node)) {
+    if (remap_scalar_.count(out.node)) {
+      for (auto& s : out.view.strides) s = Expr(0);
+      out.view.offset = Expr(0);
+    }
+    out.node = it->second;
+  }
+  return out;
 }
 
 std::vector<int64_t> Graph::kept() const {

@@ -98,6 +98,7 @@ class Graph {
   void replace_uses_scalar(int64_t old_id, int64_t new_id);
   void remove(int64_t id);
   int64_t resolve(int64_t id) const;  // follows the remap of replaced nodes
+  Edge resolve_edge(const Edge& e) const;  // the same for a read through a view (a one-value replacement broadcasts)
   std::vector<int64_t> users(int64_t id) const;  // alive consumers, each once
   void keep(int64_t id) { kept_.push_back(id); }  // survives dead-node removal
   std::vector<int64_t> kept() const;
@@ -112,6 +113,7 @@ class Graph {
   std::vector<std::vector<int64_t>> users_;  // producer -> consumers (may hold stale entries; users() filters)
   std::vector<int64_t> kept_;
   std::unordered_map<int64_t, int64_t> remap_;
+  std::unordered_map<int64_t, bool> remap_scalar_;  // replaced by a one-value node
   std::unordered_map<std::string, CustomKernel> kernels_;
 };
 

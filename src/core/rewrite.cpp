@@ -68,14 +68,28 @@ bool match(const Graph& g, const Pattern& p, int64_t node, Match& m) {
   return match_edge(g, p, Edge{node, View::contiguous(g.node(node).shape)}, m);
 }
 
+namespace {
+// Cheap tests on the root alone, before any view is built or state copied.
+bool root_may_match(const Pattern& p, const Node& n) {
+  if (p.op && n.op != *p.op) return false;
+  if (p.dtype && n.dtype != *p.dtype) return false;
+  if (!p.custom.empty() && n.name != p.custom) return false;
+  return p.inputs.empty() || n.inputs.size() == p.inputs.size();
+}
+}  // namespace
+
 size_t apply_rules(Graph& g, const std::vector<Rule>& rules) {
   size_t count = 0;
   for (int64_t id : g.topo_order()) {
     const Node& n = g.node(id);
     if (!n.alive || n.op == Op::Output || n.op == Op::Input) continue;
+    std::optional<Edge> root;  // built once per node, only if some rule gets past the cheap tests
     for (auto& rule : rules) {
+      if (!root_may_match(rule.pattern, g.node(id))) continue;
+      if (!root) root = Edge{id, View::contiguous(g.node(id).shape)};
       Match m;
-      if (!match(g, rule.pattern, id, m)) continue;
+      m.root = id;
+      if (!match_edge(g, rule.pattern, *root, m)) continue;
       std::optional<int64_t> r = rule.rewrite(g, m);
       if (!r || *r == id) continue;
       bool scalar = g.node(*r).shape.size() != g.node(id).shape.size() || g.node(*r).shape != g.node(id).shape;
