@@ -1,13 +1,11 @@
 """Llama end to end: the bundled SmolLM2 against Hugging Face transformers, a tiny random Llama through
 safetensors, the KV-cache session, sampling, and loader errors."""
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
 
-import luminal as lm
 from luminal.compiler import CPUCompiler, GenericCompiler
 from luminal.loaders import SafetensorsError, load_llama, load_safetensors
 from luminal.nn import Llama, LlamaConfig, Session, gguf_state_dict, sample

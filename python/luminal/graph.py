@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .dtypes import DType
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
 
 _current = threading.local()
 
@@ -62,10 +64,9 @@ class Graph:
         """A scalar (shape ()) constant; broadcast it with expand, which costs nothing."""
         return self._wrap(self._g.constant(float(value), dt.dtype(dtype).name))
 
-    def named(self, value, shape=(), dtype=dt.float32, name=None) -> "Tensor":
-        """An input that is given its data now (weights, caches)."""
-        t = self.tensor(np.shape(value) if shape == () else shape, dtype, name)
-        return t.set(value)
+    def named(self, value, dtype=dt.float32, name: str | None = None) -> "Tensor":
+        """An input of `value`'s shape, given its data now (weights, constants arrays)."""
+        return self.tensor(np.shape(value), dtype, name).set(value)
 
     def set_dim(self, name: str, value: int):
         value = int(value)

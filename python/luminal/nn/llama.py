@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtypes as dt
 from ..functional import arange, cat
 from ..graph import Graph
-from ..tensor import Tensor, _core
+from ..tensor import Tensor
 from .module import Embedding, Linear, Module, RMSNorm
 
 

@@ -27,27 +27,10 @@ const Format* format_of(const std::string& op, const char* prefix) {
   return nullptr;
 }
 
-using simd::half;
 
 // Unpacks one row of `k` weights.
 void dequant_row(const Format& f, const uint8_t* row, int64_t k, float* out) {
-  for (int64_t b = 0; b < k / kBlock; ++b, row += f.block_bytes, out += kBlock) {
-    float d = half(row);
-    if (f.block_bytes == 34) {  // Q8_0: d, 32 x int8
-      for (int j = 0; j < 32; ++j) out[j] = d * float(int8_t(row[2 + j]));
-    } else if (f.block_bytes == 18) {  // Q4_0: d, 16 bytes; element j low nibble, j+16 high nibble, minus 8
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * float(int(row[2 + j] & 0xf) - 8);
-        out[j + 16] = d * float(int(row[2 + j] >> 4) - 8);
-      }
-    } else {  // Q4_1: d, m, 16 bytes; d * q + m
-      float m = half(row + 2);
-      for (int j = 0; j < 16; ++j) {
-        out[j] = d * float(row[4 + j] & 0xf) + m;
-        out[j + 16] = d * float(row[4 + j] >> 4) + m;
-      }
-    }
-  }
+  simd::dequant_blocks(f.block_bytes, row, k / kBlock, out);
 }
 
 // Rows of raw bytes read through `v`: unmasked, bytes contiguous. Returns a pointer to row i.
@@ -136,7 +119,14 @@ CustomKernel qmatmul_kernel(const Format& f) {
       std::vector<float> wrow(K);
       for (int64_t n = n0; n < n1; ++n) {
         dequant_row(f, raw_row(w, n), K, wrow.data());
-        for (int64_t row = 0; row < rows; ++row) o[row * N + n] = simd::dot_f32(pa + row_off[row], wrow.data(), K);
+        int64_t row = 0;
+        for (; row + 4 <= rows; row += 4) {
+          const float* a4[4] = {pa + row_off[row], pa + row_off[row + 1], pa + row_off[row + 2], pa + row_off[row + 3]};
+          float r4[4];
+          simd::dot4_f32(a4, wrow.data(), K, r4);
+          for (int i = 0; i < 4; ++i) o[(row + i) * N + n] = r4[i];
+        }
+        for (; row < rows; ++row) o[row * N + n] = simd::dot_f32(pa + row_off[row], wrow.data(), K);
       }
     });
     return out;

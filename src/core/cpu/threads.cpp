@@ -19,7 +19,7 @@ class Pool {
     for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~Pool() {
-    { std::lock_guard<std::mutex> l(mu_); stop_ = true; ++epoch_; }
+    { std::lock_guard<std::mutex> l(mu_); stop_ = true; epoch_.fetch_add(1); }
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
@@ -29,22 +29,34 @@ class Pool {
   // delays only its current chunk); the caller works too.
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(run_mu_);
+    fn_ = &fn;
+    n_items_ = n;
+    per_ = std::max<int64_t>(1, n / (4 * n_));
+    next_.store(0);
+    pending_.store(n_ - 1);
     {
       std::lock_guard<std::mutex> l(mu_);
-      fn_ = &fn; n_items_ = n; pending_ = n_ - 1; ++epoch_;
-      per_ = std::max<int64_t>(1, n / (4 * n_));
-      next_.store(0);
+      epoch_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
     work();
-    {
+    // Kernels are short: spin a little before sleeping, as the workers do.
+    for (int i = 0; i < 4000 && pending_.load(std::memory_order_acquire) != 0; ++i) pause();
+    if (pending_.load(std::memory_order_acquire) != 0) {
       std::unique_lock<std::mutex> l(mu_);
-      done_cv_.wait(l, [this] { return pending_ == 0; });
+      done_cv_.wait(l, [this] { return pending_.load() == 0; });
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 
  private:
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
+  }
   void work() {
     try {
       for (int64_t b; (b = next_.fetch_add(per_)) < n_items_;) (*fn_)(b, std::min(n_items_, b + per_));
@@ -58,15 +70,19 @@ class Pool {
   void loop() {
     uint64_t seen = 0;
     for (;;) {
+      // Spin briefly (the next kernel usually follows within microseconds), then sleep.
+      for (int i = 0; i < 20000 && epoch_.load(std::memory_order_acquire) == seen; ++i) pause();
       {
         std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [&] { return epoch_ != seen; });
-        seen = epoch_;
+        cv_.wait(l, [&] { return epoch_.load() != seen; });
+        seen = epoch_.load();
         if (stop_) return;
       }
       work();
-      std::lock_guard<std::mutex> l(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> l(mu_);
+        done_cv_.notify_one();
+      }
     }
   }
 
@@ -79,8 +95,8 @@ class Pool {
   std::atomic<int64_t> next_{0};
   std::mutex err_mu_;
   std::exception_ptr error_;
-  int pending_ = 0;
-  uint64_t epoch_ = 0;
+  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> epoch_{0};
   bool stop_ = false;
 };
 
