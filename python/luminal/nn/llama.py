@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..functional import arange, cat
+from ..functional import arange, cat, where
 from ..graph import Graph
 from ..tensor import Tensor
 from .module import Embedding, Linear, Module, RMSNorm
@@ -80,7 +80,7 @@ class Attention(Module):
         # Group the query heads that share a KV head: (Hkv, rep*s, d) against (Hkv, p+s, d).
         qg = q.reshape(c.n_kv_heads, s * rep, c.head_dim)
         scores = (qg @ k.transpose(1, 2)) * (1.0 / math.sqrt(c.head_dim))
-        scores = scores.reshape(c.n_kv_heads, rep, s, k.layout.shape[1]).masked_fill(mask, float("-inf"))
+        scores = scores.reshape(c.n_kv_heads, rep, s, k.layout.shape[1]) + mask  # mask: 0 or -inf
         out = scores.softmax(-1).reshape(c.n_kv_heads, s * rep, k.layout.shape[1]) @ v
         out = out.reshape(c.n_heads, s, c.head_dim).transpose(0, 1).reshape(s, c.n_heads * c.head_dim)
         return self.o_proj(out), k, v
@@ -141,8 +141,10 @@ class Llama(Module):
         freqs = pos.unsqueeze(1) * self.inv_freq.unsqueeze(0)
         emb = cat([freqs, freqs], -1)  # (s, d)
         cos, sin = emb.cos(), emb.sin()
-        # Causal mask over the cache and the new tokens: key j is hidden from query i when j > p + i.
-        mask = arange(0, p + s, graph=g).unsqueeze(0).gt(arange(p, p + s, graph=g).unsqueeze(1))
+        # Causal mask over the cache and the new tokens: key j is hidden from query i when j > p + i. Built once as
+        # an additive 0 / -inf table, so each layer's masking fuses into its softmax.
+        hidden = arange(0, p + s, graph=g).unsqueeze(0).gt(arange(p, p + s, graph=g).unsqueeze(1))
+        mask = where(hidden, float("-inf"), 0.0)
         x = self.model.embed_tokens(tokens)
         new_caches = []
         for layer, (kc, vc) in zip(self.model.layers, caches):
