@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 
 #include "core/cpu/cpu.h"
@@ -26,21 +27,28 @@ struct Instr {
 struct Program {
   std::vector<Instr> code;  // register i is code[i]'s result; the last one is the output
   Op reduce = Op::Input;    // SumReduce / MaxReduce over the last axis, or Input for none
+  bool float_registers = false;  // every step float32 or bool, every load float32 or bool
 };
 
 constexpr int64_t kChunk = 256;
 
-void round_to_dtype(double* x, int64_t n, DType d) {
+// Registers are double, or float when every step of the program is float32 or bool: for + - * / sqrt fmod and
+// comparisons a float operation gives exactly the double result rounded to float, and the transcendental ones go
+// through double, so both choices compute what the reference executor computes.
+template <class T>
+void round_to_dtype(T* x, int64_t n, DType d) {
   switch (d) {
-    case DType::F32: for (int64_t i = 0; i < n; ++i) x[i] = double(float(x[i])); break;
+    case DType::F32: if (!std::is_same<T, float>::value) for (int64_t i = 0; i < n; ++i) x[i] = T(float(x[i])); break;
     case DType::F16: for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(float(x[i]))); break;
     case DType::BF16: for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(float(x[i]))); break;
-    default: for (int64_t i = 0; i < n; ++i) x[i] = round_to(d, x[i]); break;
+    case DType::Bool: for (int64_t i = 0; i < n; ++i) x[i] = x[i] != T(0) ? T(1) : T(0); break;
+    default: for (int64_t i = 0; i < n; ++i) x[i] = T(round_to(d, double(x[i]))); break;
   }
 }
 
 // Loads elements [j0, j1) of row `row` of an input (padding reads as zero).
-void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, double* out) {
+template <class T>
+void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, T* out) {
   const ConcreteView& v = a.view;
   size_t r = v.shape.size();
   int64_t n = j1 - j0;
@@ -54,90 +62,90 @@ void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, double* o
   }
   int64_t lo = j0, hi = j1, s = r ? v.strides[r - 1] : 0;
   if (v.masked && r) { lo = std::max(j0, v.lo[r - 1]); hi = std::min(j1, v.hi[r - 1]); }
-  if (!valid || lo >= hi) { std::fill(out, out + n, 0.0); return; }
-  std::fill(out, out + (lo - j0), 0.0);
-  std::fill(out + (hi - j0), out + n, 0.0);
+  if (!valid || lo >= hi) { std::fill(out, out + n, T(0)); return; }
+  std::fill(out, out + (lo - j0), T(0));
+  std::fill(out + (hi - j0), out + n, T(0));
   int64_t first = base + lo * s, last = base + (hi - 1) * s;
   if (std::min(first, last) < 0 || std::max(first, last) >= a.buf->numel())
     throw std::out_of_range("Fused: a view reads outside its buffer");
   const void* p = a.buf->data.get();
-  double* o = out + (lo - j0);
+  T* o = out + (lo - j0);
   if (a.buf->dtype == DType::F32) {
     const float* f = static_cast<const float*>(p) + first;
     if (s == 1) for (int64_t j = 0; j < hi - lo; ++j) o[j] = f[j];
     else for (int64_t j = 0; j < hi - lo; ++j) o[j] = f[j * s];
   } else {
-    for (int64_t j = 0; j < hi - lo; ++j) o[j] = load_as_double(p, first + j * s, a.buf->dtype);
+    for (int64_t j = 0; j < hi - lo; ++j) o[j] = T(load_as_double(p, first + j * s, a.buf->dtype));
   }
 }
 
-void apply(Op op, const double* x, const double* y, double* o, int64_t n) {
+template <class T>
+void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
   switch (op) {
-    case Op::Log2: for (int64_t i = 0; i < n; ++i) o[i] = std::log2(x[i]); break;
-    case Op::Exp2: for (int64_t i = 0; i < n; ++i) o[i] = std::exp2(x[i]); break;
-    case Op::Sin: for (int64_t i = 0; i < n; ++i) o[i] = std::sin(x[i]); break;
+    case Op::Log2: for (int64_t i = 0; i < n; ++i) o[i] = T(std::log2(double(x[i]))); break;
+    case Op::Exp2: for (int64_t i = 0; i < n; ++i) o[i] = T(std::exp2(double(x[i]))); break;
+    case Op::Sin: for (int64_t i = 0; i < n; ++i) o[i] = T(std::sin(double(x[i]))); break;
     case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
-    case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = 1.0 / x[i]; break;
+    case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / x[i]; break;
     case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
     case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
     case Op::Mod: for (int64_t i = 0; i < n; ++i) o[i] = std::fmod(x[i], y[i]); break;
-    case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? 1.0 : 0.0; break;
+    case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? T(1) : T(0); break;
     default: std::copy(x, x + n, o); break;  // Cast: the rounding does the work
   }
 }
 
-Buffer fused_kernel(const std::vector<KernelArg>& args, const Node& node) {
-  const Program& prog = *std::static_pointer_cast<const Program>(node.payload);
+template <class T>
+Buffer run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node) {
+  if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
   // The iteration space is the inputs' (view) shape: the output's, plus the reduced axis.
-  std::vector<int64_t> out_shape;
-  std::vector<int64_t> space;
-  if (!args.empty()) space = args[0].view.shape;
+  const std::vector<int64_t>& space = args[0].view.shape;
   bool reduce = prog.reduce != Op::Input;
-  Buffer out;
-  {
-    // Shape of the output: the space, less its last axis when reducing.
-    std::vector<int64_t> s = space;
-    if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
-    if (reduce) s.pop_back();
-    out = Buffer::alloc(node.dtype, s);
-  }
+  std::vector<int64_t> out_shape = space;
+  if (reduce) out_shape.pop_back();
+  Buffer out = Buffer::alloc(node.dtype, out_shape);
   int64_t L = space.empty() ? 1 : space.back();
-  int64_t total = 1;
-  for (auto d : space) total *= d;
-  int64_t rows = L ? total / L : 0;
-  if (reduce && L == 0) rows = out.numel();
+  int64_t rows = reduce ? out.numel() : (L ? out.numel() / L : 0);
   size_t nreg = prog.code.size();
   void* o = out.data.get();
   parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg), [&](int64_t r0, int64_t r1) {
-    std::vector<double> regs(nreg * kChunk);
+    std::vector<T> regs(nreg * kChunk);
     for (int64_t row = r0; row < r1; ++row) {
       double acc = prog.reduce == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
       for (int64_t j0 = 0; j0 < L; j0 += kChunk) {
         int64_t j1 = std::min(L, j0 + kChunk), n = j1 - j0;
         for (size_t i = 0; i < nreg; ++i) {
           const Instr& in = prog.code[i];
-          double* dst = regs.data() + i * kChunk;
+          T* dst = regs.data() + i * kChunk;
           if (in.kind == Instr::Load) {
             load_row(args[in.input], row, j0, j1, dst);
             continue;
           }
-          if (in.kind == Instr::Imm) { std::fill(dst, dst + n, in.imm); continue; }
-          apply(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
+          if (in.kind == Instr::Imm) { std::fill(dst, dst + n, T(in.imm)); continue; }
+          apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
           round_to_dtype(dst, n, in.dtype);
         }
-        const double* res = regs.data() + (nreg - 1) * kChunk;
+        const T* res = regs.data() + (nreg - 1) * kChunk;
         if (!reduce) {
-          for (int64_t j = 0; j < n; ++j) store_from_double(o, row * L + j0 + j, node.dtype, res[j]);
+          if (node.dtype == DType::F32 && std::is_same<T, float>::value)
+            std::copy(res, res + n, static_cast<float*>(o) + row * L + j0);
+          else
+            for (int64_t j = 0; j < n; ++j) store_from_double(o, row * L + j0 + j, node.dtype, double(res[j]));
         } else if (prog.reduce == Op::SumReduce) {
-          for (int64_t j = 0; j < n; ++j) acc += res[j];
+          for (int64_t j = 0; j < n; ++j) acc += double(res[j]);
         } else {
-          for (int64_t j = 0; j < n; ++j) acc = (std::isnan(res[j]) || res[j] > acc) ? res[j] : acc;
+          for (int64_t j = 0; j < n; ++j) acc = (std::isnan(double(res[j])) || res[j] > acc) ? double(res[j]) : acc;
         }
       }
       if (reduce) store_from_double(o, row, node.dtype, acc);
     }
   });
   return out;
+}
+
+Buffer fused_kernel(const std::vector<KernelArg>& args, const Node& node) {
+  const Program& prog = *std::static_pointer_cast<const Program>(node.payload);
+  return prog.float_registers ? run_program<float>(prog, args, node) : run_program<double>(prog, args, node);
 }
 
 struct Registrar {
@@ -206,6 +214,16 @@ size_t fuse_elementwise(Graph& g) {
       prog->code.push_back(in);
     }
     if (inputs.empty()) continue;  // constants only: GenericCompiler folds those
+    prog->float_registers = true;
+    for (auto& in : prog->code) {
+      bool f = in.dtype == DType::F32 || in.dtype == DType::Bool;
+      if (in.kind == Instr::Load) {
+        DType t = g.node(inputs[in.input].node).dtype;
+        f = t == DType::F32 || t == DType::Bool;
+      }
+      if (in.kind == Instr::Imm) f = f && double(float(in.imm)) == in.imm;
+      prog->float_registers = prog->float_registers && f;
+    }
     int64_t f = g.custom("Fused", inputs, x.shape, x.dtype);
     g.node_mut(f).payload = prog;
     g.replace_uses(id, f);
