@@ -114,19 +114,26 @@ CustomKernel qmatmul_kernel(const Format& f) {
       });
       return out;
     }
-    // Many rows (prefill): unpack each weight row once and reuse it for every row of activations.
-    parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
-      std::vector<float> wrow(K);
-      for (int64_t n = n0; n < n1; ++n) {
-        dequant_row(f, raw_row(w, n), K, wrow.data());
+    // Many rows (prefill): unpack weight rows once, two at a time, and run them against 4 rows of activations at
+    // a time (a 4 x 2 register tile).
+    parallel_for((N + 1) / 2, rows * K * 2, [&](int64_t p0, int64_t p1) {
+      std::vector<float> w0(K), w1(K);
+      for (int64_t pair = p0; pair < p1; ++pair) {
+        int64_t n = 2 * pair;
+        bool two = n + 1 < N;
+        dequant_row(f, raw_row(w, n), K, w0.data());
+        if (two) dequant_row(f, raw_row(w, n + 1), K, w1.data());
         int64_t row = 0;
-        for (; row + 4 <= rows; row += 4) {
+        for (; two && row + 4 <= rows; row += 4) {
           const float* a4[4] = {pa + row_off[row], pa + row_off[row + 1], pa + row_off[row + 2], pa + row_off[row + 3]};
-          float r4[4];
-          simd::dot4_f32(a4, wrow.data(), K, r4);
-          for (int i = 0; i < 4; ++i) o[(row + i) * N + n] = r4[i];
+          float r8[8];
+          simd::dot4x2_f32(a4, w0.data(), w1.data(), K, r8);
+          for (int i = 0; i < 4; ++i) o[(row + i) * N + n] = r8[2 * i], o[(row + i) * N + n + 1] = r8[2 * i + 1];
         }
-        for (; row < rows; ++row) o[row * N + n] = simd::dot_f32(pa + row_off[row], wrow.data(), K);
+        for (; row < rows; ++row) {
+          o[row * N + n] = simd::dot_f32(pa + row_off[row], w0.data(), K);
+          if (two) o[row * N + n + 1] = simd::dot_f32(pa + row_off[row], w1.data(), K);
+        }
       }
     });
     return out;

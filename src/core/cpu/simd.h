@@ -44,6 +44,14 @@ inline void dot4_f32_portable(const float* const* a, const float* w, int64_t k, 
   for (int r = 0; r < 4; ++r) out[r] = dot_f32_portable(a[r], w, k);
 }
 
+// A 4 x 2 tile: rows a[0..3] against weight rows w0, w1 (out is row-major 4 x 2).
+inline void dot4x2_f32_portable(const float* const* a, const float* w0, const float* w1, int64_t k, float* out) {
+  dot4_f32_portable(a, w0, k, out);
+  float t[4];
+  dot4_f32_portable(a, w1, k, t);
+  for (int r = 3; r >= 0; --r) out[2 * r + 1] = t[r], out[2 * r] = out[r];
+}
+
 // block_bytes: 34 = Q8_0 (d, 32 x int8), 18 = Q4_0 (d, 16 bytes, q - 8), 20 = Q4_1 (d, m, 16 bytes).
 inline float dot_blocks_portable(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
   float total = 0;
@@ -105,6 +113,24 @@ __attribute__((target("avx2,fma"))) inline void dot4_f32_avx2(const float* const
   out[0] = hsum(s0), out[1] = hsum(s1), out[2] = hsum(s2), out[3] = hsum(s3);
   for (; i < k; ++i)
     for (int r = 0; r < 4; ++r) out[r] += a[r][i] * w[i];
+}
+
+__attribute__((target("avx2,fma"))) inline void dot4x2_f32_avx2(const float* const* a, const float* w0,
+                                                                const float* w1, int64_t k, float* out) {
+  __m256 s[8];
+  for (auto& x : s) x = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 x0 = _mm256_loadu_ps(w0 + i), x1 = _mm256_loadu_ps(w1 + i);
+    for (int r = 0; r < 4; ++r) {
+      __m256 y = _mm256_loadu_ps(a[r] + i);
+      s[2 * r] = _mm256_fmadd_ps(y, x0, s[2 * r]);
+      s[2 * r + 1] = _mm256_fmadd_ps(y, x1, s[2 * r + 1]);
+    }
+  }
+  for (int j = 0; j < 8; ++j) out[j] = hsum(s[j]);
+  for (int r = 0; r < 4; ++r)
+    for (int64_t j = i; j < k; ++j) out[2 * r] += a[r][j] * w0[j], out[2 * r + 1] += a[r][j] * w1[j];
 }
 
 // Unpacks nb blocks to floats.
@@ -232,6 +258,13 @@ inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float*
   if (have_avx2()) return dequant_blocks_avx2(block_bytes, w, nb, out);
 #endif
   dequant_blocks_portable(block_bytes, w, nb, out);
+}
+
+inline void dot4x2_f32(const float* const* a, const float* w0, const float* w1, int64_t k, float* out) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot4x2_f32_avx2(a, w0, w1, k, out);
+#endif
+  dot4x2_f32_portable(a, w0, w1, k, out);
 }
 
 inline float dot_blocks(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
