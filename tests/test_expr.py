@@ -5,37 +5,12 @@ floor modulo, which is what the core implements.
 """
 from __future__ import annotations
 
-import glob
-import importlib.util
-import os
-import sys
-
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from luminal import _core
 
-def _load_core():
-    try:
-        from luminal import _core
-
-        return _core
-    except Exception:  # noqa: BLE001
-        # python/luminal/__init__.py may be mid-edit (ImportError, AttributeError, ...): load the extension
-        # directly, unless the package got as far as importing it.
-        if "luminal._core" in sys.modules:
-            return sys.modules["luminal._core"]
-        here = os.path.dirname(os.path.abspath(__file__))
-        paths = glob.glob(os.path.join(here, "..", "python", "luminal", "_core*.so"))
-        if not paths:
-            raise
-        spec = importlib.util.spec_from_file_location("_core", paths[0])
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-
-_core = _load_core()
 Expr = _core.Expr
 
 VARS = ("s", "t", "p")

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "core/primops.h"
 #include "core/rewrite.h"
 
 namespace luminal {
@@ -75,27 +76,6 @@ Rewrite to_input(const std::string& name) {
   };
 }
 
-double fold_unary(Op op, double x) {
-  switch (op) {
-    case Op::Log2: return std::log2(x);
-    case Op::Exp2: return std::exp2(x);
-    case Op::Sin: return std::sin(x);
-    case Op::Sqrt: return std::sqrt(x);
-    case Op::Recip: return 1.0 / x;
-    default: return x;
-  }
-}
-
-double fold_binary(Op op, double a, double b) {
-  switch (op) {
-    case Op::Add: return a + b;
-    case Op::Mul: return a * b;
-    case Op::Mod: return std::fmod(a, b);
-    case Op::LessThan: return a < b;
-    default: return 0;
-  }
-}
-
 }  // namespace
 
 size_t eliminate_common_subexpressions(Graph& g) {
@@ -140,14 +120,14 @@ std::vector<Rule> constant_folding_rules() {
     r.push_back({std::string("fold ") + op_name(o), op(o, {constant("a")}),
                  [](Graph& g, const Match& m) -> std::optional<int64_t> {
                    const Node& n = g.node(m.root);
-                   return g.constant(fold_unary(n.op, g.node(m["a"].node).value), n.dtype);
+                   return g.constant(eval_unary(n.op, g.node(m["a"].node).value), n.dtype);
                  }});
   for (Op o : {Op::Add, Op::Mul, Op::Mod, Op::LessThan}) {
     Pattern p = op(o, {constant("a"), constant("b")});
     p.commutative = false;
     r.push_back({std::string("fold ") + op_name(o), p, [](Graph& g, const Match& m) -> std::optional<int64_t> {
                    const Node& n = g.node(m.root);
-                   return g.constant(fold_binary(n.op, g.node(m["a"].node).value, g.node(m["b"].node).value),
+                   return g.constant(eval_binary(n.op, g.node(m["a"].node).value, g.node(m["b"].node).value),
                                      n.dtype);
                  }});
   }

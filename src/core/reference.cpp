@@ -1,5 +1,7 @@
 #include "core/reference.h"
 
+#include "core/primops.h"
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -52,27 +54,6 @@ std::vector<int64_t> eval_shape(const Shape& s, const Bindings& dims) {
   return out;
 }
 
-double apply_unary(Op op, double x) {
-  switch (op) {
-    case Op::Log2: return std::log2(x);
-    case Op::Exp2: return std::exp2(x);
-    case Op::Sin: return std::sin(x);
-    case Op::Sqrt: return std::sqrt(x);
-    case Op::Recip: return 1.0 / x;
-    default: return x;  // Cast, Output: a copy
-  }
-}
-
-double apply_binary(Op op, double a, double b) {
-  switch (op) {
-    case Op::Add: return a + b;
-    case Op::Mul: return a * b;
-    case Op::Mod: return std::fmod(a, b);
-    case Op::LessThan: return a < b ? 1.0 : 0.0;
-    default: return 0;
-  }
-}
-
 // Calls f(out_flat_index, multi_index) for every element of `shape`.
 template <class F>
 void for_each_index(const std::vector<int64_t>& shape, F&& f) {
@@ -98,14 +79,14 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
     case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip: {
       Reader a = reader(0);
       for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
-        store_from_double(o, i, n.dtype, apply_unary(n.op, a.at(idx)));
+        store_from_double(o, i, n.dtype, eval_unary(n.op, a.at(idx)));
       });
       break;
     }
     case Op::Add: case Op::Mul: case Op::Mod: case Op::LessThan: {
       Reader a = reader(0), b = reader(1);
       for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
-        store_from_double(o, i, n.dtype, apply_binary(n.op, a.at(idx), b.at(idx)));
+        store_from_double(o, i, n.dtype, eval_binary(n.op, a.at(idx), b.at(idx)));
       });
       break;
     }
