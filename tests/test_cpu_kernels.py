@@ -1,0 +1,113 @@
+"""The native CPU kernels against float64 references: quantised matvec/matmul on random blocks of every supported
+type and odd sizes, float matmul through any layout, and thread counts 1 and N."""
+import numpy as np
+import pytest
+
+import luminal as lm
+from luminal.quant import BLOCK, BLOCK_BYTES, QuantizedWeight, dequantize
+
+
+def random_blocks(rng, qtype: str, rows: int, cols: int) -> np.ndarray:
+    """Raw rows of random blocks with sane scales (half-precision d, and m for Q4_1)."""
+    nb, size = cols // BLOCK, BLOCK_BYTES[qtype]
+    raw = rng.integers(0, 256, (rows, nb, size), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.05, (rows, nb)).astype(np.float16)
+    raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if qtype == "Q4_1":
+        m = rng.uniform(-0.2, 0.2, (rows, nb)).astype(np.float16)
+        raw[:, :, 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+    return raw.reshape(rows, nb * size)
+
+
+def dequant64(raw: np.ndarray, qtype: str, cols: int) -> np.ndarray:
+    """The GGUF definition, in float64."""
+    rows, nb, size = raw.shape[0], cols // BLOCK, BLOCK_BYTES[qtype]
+    b = raw.reshape(rows, nb, size)
+    d = b[:, :, 0:2].copy().view(np.float16).astype(np.float64)
+    if qtype == "Q8_0":
+        q = b[:, :, 2:].view(np.int8).astype(np.float64)
+        return (d * q).reshape(rows, cols)
+    qs = b[:, :, 4:] if qtype == "Q4_1" else b[:, :, 2:]
+    q = np.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(np.float64)
+    if qtype == "Q4_0":
+        return (d * (q - 8)).reshape(rows, cols)
+    m = b[:, :, 2:4].copy().view(np.float16).astype(np.float64)
+    return (d * q + m).reshape(rows, cols)
+
+
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    before = lm._core.num_threads()
+    lm._core.set_num_threads(request.param)
+    yield request.param
+    lm._core.set_num_threads(before)
+
+
+@pytest.mark.parametrize("qtype", sorted(BLOCK_BYTES))
+@pytest.mark.parametrize("rows_a,n,k", [(1, 7, 32), (1, 33, 96), (3, 5, 64), (4, 9, 160), (5, 17, 96), (35, 11, 64)])
+def test_quantised_matmul_against_float64(qtype, rows_a, n, k, threads, seed):
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(rng, qtype, n, k)
+    x = rng.standard_normal((rows_a, k)).astype(np.float32)
+    cx = lm.Graph()
+    w = dequantize(cx, QuantizedWeight(raw, qtype, (n, k)))
+    a = cx.tensor((rows_a, k)).set(x)
+    out, wout = (a @ w.T).output(), w.output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert f"QMatMul{qtype}" in cx.stats()
+    cx.execute()
+    w64 = dequant64(raw, qtype, k)
+    np.testing.assert_array_equal(wout.numpy(), w64.astype(np.float32))  # unpacking is exact
+    want = x.astype(np.float64) @ w64.T
+    scale = np.abs(x).astype(np.float64) @ np.abs(w64).T
+    assert np.all(np.abs(out.numpy() - want) <= 1e-5 * scale + 1e-6), f"seed {seed}"
+
+
+@pytest.mark.parametrize("layout", ["a @ b", "a @ b.T", "a.T @ b", "batched broadcast"])
+def test_float_matmul_layouts(layout, threads, seed):
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal((13, 37)).astype(np.float32), rng.standard_normal((37, 19)).astype(np.float32)
+    cx = lm.Graph()
+    a, b = cx.tensor(x.shape).set(x), cx.tensor(y.shape).set(y)
+    fns = {"a @ b": (lambda: a @ b, x @ y), "a @ b.T": (lambda: a @ b.T.contiguous().T, x @ y),
+           "a.T @ b": (lambda: a.T.contiguous().T @ b, x @ y),
+           "batched broadcast": (lambda: a.unsqueeze(0).expand(3, 13, 37) @ b, np.stack([x @ y] * 3))}
+    build, want = fns[layout]
+    out = build().output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert "MatMul" in cx.stats()
+    cx.execute()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+
+
+def test_thread_counts_agree(seed):
+    """1 and N threads give the same results up to reassociation (here: exactly, as chunks never split a sum)."""
+    rng = np.random.default_rng(seed)
+    raw = random_blocks(rng, "Q4_1", 64, 256)
+    x = rng.standard_normal((6, 256)).astype(np.float32)
+    results = []
+    for t in (1, 2, 3):
+        lm._core.set_num_threads(t)
+        cx = lm.Graph()
+        w = dequantize(cx, QuantizedWeight(raw, "Q4_1", (64, 256)))
+        a = cx.tensor((6, 256)).set(x)
+        out = ((a @ w.T).softmax(-1) * 2).output()
+        cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+        cx.execute()
+        results.append(out.numpy())
+    lm._core.set_num_threads(0)
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_bad_index_raises_under_the_cpu_compiler():
+    cx = lm.Graph()
+    table = cx.tensor((4, 3)).set(np.ones((4, 3), np.float32))
+    idx = cx.tensor((64,), lm.int32).set(np.full(64, 9, np.int32))
+    out = lm.embedding(idx, table).output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    with pytest.raises(IndexError, match="out of range"):
+        cx.execute()
+    idx.set(np.arange(64, dtype=np.int32) % 4)
+    cx.execute()  # the graph stays usable
+    assert out.numpy().shape == (64, 3)
