@@ -50,10 +50,6 @@ bool same_node(const Node& a, const Node& b) {
   return true;
 }
 
-Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
-Pattern op(Op o, std::vector<Pattern> inputs, const std::string& name = "") {
-  Pattern p; p.op = o; p.inputs = std::move(inputs); p.name = name; return p;
-}
 // A Constant read without padding: every element it yields is its value.
 Pattern constant(const std::string& name, std::optional<double> value = std::nullopt) {
   Pattern p; p.op = Op::Constant; p.name = name; p.value = value;

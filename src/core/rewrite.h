@@ -26,6 +26,20 @@ struct Pattern {
   std::function<bool(const Graph&, int64_t node, const View& view)> where;  // any other condition
 };
 
+// Builders: any node (bound under `name`), and a node of op `o` whose inputs match `inputs`.
+inline Pattern any(const std::string& name) {
+  Pattern p;
+  p.name = name;
+  return p;
+}
+inline Pattern op(Op o, std::vector<Pattern> inputs, const std::string& name = "") {
+  Pattern p;
+  p.op = o;
+  p.inputs = std::move(inputs);
+  p.name = name;
+  return p;
+}
+
 struct Match {
   int64_t root = -1;
   std::unordered_map<std::string, Edge> bound;

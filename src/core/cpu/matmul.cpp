@@ -140,18 +140,16 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
   return out;
 }
 
-Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
+struct Registrar {
+  Registrar() { register_builtin_kernel("MatMul", matmul_kernel); }
+} registrar;
 
 }  // namespace
 
 size_t lower_matmuls(Graph& g) {
-  Pattern mul;
-  mul.op = Op::Mul;
-  mul.inputs = {any("a"), any("b")};
+  Pattern mul = op(Op::Mul, {any("a"), any("b")});
   mul.commutative = false;
-  Pattern root;
-  root.op = Op::SumReduce;
-  root.inputs = {mul};
+  Pattern root = op(Op::SumReduce, {mul});
   root.where = [](const Graph& gg, int64_t id, const View&) {
     const Node& n = gg.node(id);
     return n.axis == int(n.inputs[0].view.shape.size()) - 1;
@@ -160,9 +158,7 @@ size_t lower_matmuls(Graph& g) {
               const Node& n = gg.node(m.root);
               return gg.custom("MatMul", {m["a"], m["b"]}, n.shape, n.dtype);
             }};
-  size_t count = apply_rules(g, {rule});
-  if (count) g.register_kernel("MatMul", matmul_kernel);
-  return count;
+  return apply_rules(g, {rule});
 }
 
 }  // namespace luminal

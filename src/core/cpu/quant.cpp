@@ -149,13 +149,9 @@ struct Registrar {
   }
 } registrar;
 
-Pattern any(const std::string& name) { Pattern p; p.name = name; return p; }
 
 Pattern dequant(const std::string& raw) {
-  Pattern p;
-  p.op = Op::Custom;
-  p.name = "w";
-  p.inputs = {any(raw)};
+  Pattern p = op(Op::Custom, {any(raw)}, "w");
   p.where = [](const Graph& g, int64_t id, const View&) { return format_of(g.node(id).name, "Dequant") != nullptr; };
   return p;
 }
@@ -164,11 +160,8 @@ Pattern dequant(const std::string& raw) {
 
 size_t lower_quantized(Graph& g) {
   // MatMul(a, Dequant(raw)) where the weight is read as W[n, k] and the activations are plain float32 rows.
-  Pattern mm;
-  mm.op = Op::Custom;
+  Pattern mm = op(Op::Custom, {any("a"), any("w_edge")});
   mm.custom = "MatMul";
-  mm.inputs = {any("a"), any("w_edge")};
-  mm.commutative = false;
   Rule fuse{"MatMul(a, Dequant(raw)) -> QMatMul", mm, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
               const Edge &a = m["a"], &we = m["w_edge"];
               const Node& wn = gg.node(we.node);
@@ -193,9 +186,7 @@ size_t lower_quantized(Graph& g) {
               return gg.custom(std::string("QMatMul") + f->name, {a, raw}, shape, DType::F32);
             }};
   // Gather(Dequant(raw), idx) -> Dequant(Gather(raw, idx)): unpack only the rows looked up.
-  Pattern gather;
-  gather.op = Op::Gather;
-  gather.inputs = {dequant("raw"), any("idx")};
+  Pattern gather = op(Op::Gather, {dequant("raw"), any("idx")});
   Rule swap{"Gather(Dequant) -> Dequant(Gather)", gather, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
               const Node& w = gg.node(m["w"].node);
               std::string name = w.name;
