@@ -114,26 +114,24 @@ CustomKernel qmatmul_kernel(const Format& f) {
       });
       return out;
     }
-    // Many rows (prefill): unpack weight rows once, two at a time, and run them against 4 rows of activations at
-    // a time (a 4 x 2 register tile).
-    parallel_for((N + 1) / 2, rows * K * 2, [&](int64_t p0, int64_t p1) {
-      std::vector<float> w0(K), w1(K);
-      for (int64_t pair = p0; pair < p1; ++pair) {
-        int64_t n = 2 * pair;
-        bool two = n + 1 < N;
-        dequant_row(f, raw_row(w, n), K, w0.data());
-        if (two) dequant_row(f, raw_row(w, n + 1), K, w1.data());
+    // Many rows (prefill): unpack weight rows once, three at a time, and run them against 4 rows of activations
+    // at a time (a 4 x 3 register tile); leftover rows take plain dot products.
+    parallel_for((N + 2) / 3, rows * K * 3, [&](int64_t t0, int64_t t1) {
+      std::vector<float> buf(3 * K);
+      const float* wr[3] = {buf.data(), buf.data() + K, buf.data() + 2 * K};
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t n = 3 * t, cols = std::min<int64_t>(3, N - n);
+        for (int64_t c = 0; c < cols; ++c) dequant_row(f, raw_row(w, n + c), K, buf.data() + c * K);
         int64_t row = 0;
-        for (; two && row + 4 <= rows; row += 4) {
+        for (; cols == 3 && row + 4 <= rows; row += 4) {
           const float* a4[4] = {pa + row_off[row], pa + row_off[row + 1], pa + row_off[row + 2], pa + row_off[row + 3]};
-          float r8[8];
-          simd::dot4x2_f32(a4, w0.data(), w1.data(), K, r8);
-          for (int i = 0; i < 4; ++i) o[(row + i) * N + n] = r8[2 * i], o[(row + i) * N + n + 1] = r8[2 * i + 1];
+          float r12[12];
+          simd::dot4x3_f32(a4, wr, K, r12);
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 3; ++c) o[(row + i) * N + n + c] = r12[3 * i + c];
         }
-        for (; row < rows; ++row) {
-          o[row * N + n] = simd::dot_f32(pa + row_off[row], w0.data(), K);
-          if (two) o[row * N + n + 1] = simd::dot_f32(pa + row_off[row], w1.data(), K);
-        }
+        for (; row < rows; ++row)
+          for (int64_t c = 0; c < cols; ++c) o[row * N + n + c] = simd::dot_f32(pa + row_off[row], wr[c], K);
       }
     });
     return out;

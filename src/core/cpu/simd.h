@@ -38,18 +38,11 @@ inline float dot_f32_portable(const float* a, const float* b, int64_t k) {
   return s;
 }
 
-// Four dot products against one shared vector (rows of activations against one weight row): the weight loads
-// are shared, so there are 1.25 loads per multiply-add instead of 2.
-inline void dot4_f32_portable(const float* const* a, const float* w, int64_t k, float* out) {
-  for (int r = 0; r < 4; ++r) out[r] = dot_f32_portable(a[r], w, k);
-}
-
-// A 4 x 2 tile: rows a[0..3] against weight rows w0, w1 (out is row-major 4 x 2).
-inline void dot4x2_f32_portable(const float* const* a, const float* w0, const float* w1, int64_t k, float* out) {
-  dot4_f32_portable(a, w0, k, out);
-  float t[4];
-  dot4_f32_portable(a, w1, k, t);
-  for (int r = 3; r >= 0; --r) out[2 * r + 1] = t[r], out[2 * r] = out[r];
+// A 4 x 3 tile: rows a[0..3] against weight rows w[0..2] (out is row-major 4 x 3). Twelve accumulators, three
+// weight vectors and one activation vector fill AVX2's sixteen registers.
+inline void dot4x3_f32_portable(const float* const* a, const float* const* w, int64_t k, float* out) {
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 3; ++c) out[3 * r + c] = dot_f32_portable(a[r], w[c], k);
 }
 
 // block_bytes: 34 = Q8_0 (d, 32 x int8), 18 = Q4_0 (d, 16 bytes, q - 8), 20 = Q4_1 (d, m, 16 bytes).
@@ -99,38 +92,24 @@ __attribute__((target("avx2,fma,f16c"))) inline float half_f16c(const uint8_t* p
   return _cvtsh_ss(h);
 }
 
-__attribute__((target("avx2,fma"))) inline void dot4_f32_avx2(const float* const* a, const float* w, int64_t k,
-                                                              float* out) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    __m256 x = _mm256_loadu_ps(w + i);
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a[0] + i), x, s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a[1] + i), x, s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a[2] + i), x, s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a[3] + i), x, s3);
-  }
-  out[0] = hsum(s0), out[1] = hsum(s1), out[2] = hsum(s2), out[3] = hsum(s3);
-  for (; i < k; ++i)
-    for (int r = 0; r < 4; ++r) out[r] += a[r][i] * w[i];
-}
-
-__attribute__((target("avx2,fma"))) inline void dot4x2_f32_avx2(const float* const* a, const float* w0,
-                                                                const float* w1, int64_t k, float* out) {
-  __m256 s[8];
+__attribute__((target("avx2,fma"))) inline void dot4x3_f32_avx2(const float* const* a, const float* const* w,
+                                                                int64_t k, float* out) {
+  __m256 s[12];
   for (auto& x : s) x = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
-    __m256 x0 = _mm256_loadu_ps(w0 + i), x1 = _mm256_loadu_ps(w1 + i);
+    __m256 x0 = _mm256_loadu_ps(w[0] + i), x1 = _mm256_loadu_ps(w[1] + i), x2 = _mm256_loadu_ps(w[2] + i);
     for (int r = 0; r < 4; ++r) {
       __m256 y = _mm256_loadu_ps(a[r] + i);
-      s[2 * r] = _mm256_fmadd_ps(y, x0, s[2 * r]);
-      s[2 * r + 1] = _mm256_fmadd_ps(y, x1, s[2 * r + 1]);
+      s[3 * r] = _mm256_fmadd_ps(y, x0, s[3 * r]);
+      s[3 * r + 1] = _mm256_fmadd_ps(y, x1, s[3 * r + 1]);
+      s[3 * r + 2] = _mm256_fmadd_ps(y, x2, s[3 * r + 2]);
     }
   }
-  for (int j = 0; j < 8; ++j) out[j] = hsum(s[j]);
+  for (int j = 0; j < 12; ++j) out[j] = hsum(s[j]);
   for (int r = 0; r < 4; ++r)
-    for (int64_t j = i; j < k; ++j) out[2 * r] += a[r][j] * w0[j], out[2 * r + 1] += a[r][j] * w1[j];
+    for (int c = 0; c < 3; ++c)
+      for (int64_t j = i; j < k; ++j) out[3 * r + c] += a[r][j] * w[c][j];
 }
 
 // Unpacks nb blocks to floats.
@@ -226,11 +205,11 @@ inline float dot_f32(const float* a, const float* b, int64_t k) {
   return dot_f32_portable(a, b, k);
 }
 
-inline void dot4_f32(const float* const* a, const float* w, int64_t k, float* out) {
+inline void dot4x3_f32(const float* const* a, const float* const* w, int64_t k, float* out) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) return dot4_f32_avx2(a, w, k, out);
+  if (have_avx2()) return dot4x3_f32_avx2(a, w, k, out);
 #endif
-  dot4_f32_portable(a, w, k, out);
+  dot4x3_f32_portable(a, w, k, out);
 }
 
 inline void dequant_blocks_portable(int block_bytes, const uint8_t* w, int64_t nb, float* out) {
@@ -258,13 +237,6 @@ inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float*
   if (have_avx2()) return dequant_blocks_avx2(block_bytes, w, nb, out);
 #endif
   dequant_blocks_portable(block_bytes, w, nb, out);
-}
-
-inline void dot4x2_f32(const float* const* a, const float* w0, const float* w1, int64_t k, float* out) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return dot4x2_f32_avx2(a, w0, w1, k, out);
-#endif
-  dot4x2_f32_portable(a, w0, w1, k, out);
 }
 
 inline float dot_blocks(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
