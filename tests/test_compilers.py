@@ -1142,3 +1142,15 @@ def test_fused_kernels_match_reference_exactly(case, dtype):
     _, g1, _ = check_same(lambda cx: FUSION_CASES[case](inp(cx, x, dtype), inp(cx, y, dtype)).output(),
                           lm.GenericCompiler(), ElementwiseFusion())
     assert "Fused" in ops(g1)
+
+
+def test_kept_tensor_survives_dead_node_removal():
+    cx = lm.Graph()
+    x = inp(cx, A)
+    kept = (x * 3).keep()
+    dropped = x * 4
+    out = (x + 1).output()
+    cx.compile(DeadNodeRemoval())
+    assert cx.node(kept.id).alive and not cx.node(dropped.id).alive
+    cx.execute()
+    np.testing.assert_array_equal(out.numpy(), (A + 1).astype(np.float32))

@@ -96,6 +96,11 @@ class Tensor:
         out = self.graph._g.output(self._edge())
         return Tensor(self.graph, self._id, self.layout, self.dtype, out)
 
+    def keep(self) -> "Tensor":
+        """Keeps this tensor's node through dead-node removal (e.g. to inspect it after compiling)."""
+        self.graph._g.keep(self.id)
+        return self
+
     def numpy(self) -> np.ndarray:
         if self._out is None:
             raise RuntimeError("this tensor is not an output: call .output() on it before compiling")
@@ -462,6 +467,9 @@ class Tensor:
     # ---- reductions ----------------------------------------------------------------------------------------------
     def sum(self, dim=None, keepdim: bool = False, dtype=None):
         x = self.to(dtype) if dtype else (self.to(dt.int32) if self.dtype in (dt.bool_, dt.uint8) else self)
+        if x.dtype in (dt.float16, dt.bfloat16) and len(x._dims(dim)) > 1:
+            # Over several axes, accumulate in float32 and round once, as torch does (not once per axis).
+            return x.float()._reduce("SumReduce", dim, keepdim).to(x.dtype)
         return x._reduce("SumReduce", dim, keepdim)
 
     def max(self, dim=None, keepdim: bool = False):

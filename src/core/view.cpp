@@ -202,21 +202,6 @@ View View::flip(int axis) const {
   return v;
 }
 
-Expr View::index_expr(const std::vector<Expr>& idx) const {
-  Expr e = offset;
-  for (size_t i = 0; i < rank(); ++i) e = e + idx[i] * strides[i];
-  return e;
-}
-
-Expr View::valid_expr(const std::vector<Expr>& idx) const {
-  Expr e(1);
-  for (size_t i = 0; i < mask.size(); ++i) {
-    // lo <= i < hi, as a product of 0/1 terms.
-    e = e * (Expr(1) - lt(idx[i], mask[i].first)) * lt(idx[i], mask[i].second);
-  }
-  return e;
-}
-
 std::string View::str() const {
   std::string s = "shape=" + shape_str(shape) + " strides=" + shape_str(strides);
   if (!(offset.is_const() && offset.as_const() == 0)) s += " offset=" + offset.str();

@@ -31,10 +31,6 @@ struct View {
   View pad(int axis, const Expr& before, const Expr& after) const;
   View flip(int axis) const;
 
-  // Index arithmetic over symbolic loop indices, for code generators.
-  Expr index_expr(const std::vector<Expr>& idx) const;
-  Expr valid_expr(const std::vector<Expr>& idx) const;
-
   std::string str() const;
   size_t hash() const;
   friend bool operator==(const View& a, const View& b);
