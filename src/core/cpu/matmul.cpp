@@ -101,6 +101,42 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
     return load_as_double(x.buf->data.get(), off, x.buf->dtype);
   };
   int64_t sna = r >= 2 ? va.strides[r - 2] : 0, snb = r >= 2 ? vb.strides[r - 2] : 0;
+  int64_t M = r >= 3 ? va.shape[r - 3] : 1;
+  if (fast && r >= 3 && sna == 0 && vb.strides[r - 3] == 0 && M >= 4 && N >= 3) {
+    // A true matrix product per batch (a independent of n, b of m): 4 x 3 register tiles.
+    const float* pa = static_cast<const float*>(a.buf->data.get());
+    const float* pb = static_cast<const float*>(b.buf->data.get());
+    float* po = static_cast<float*>(out.data.get());
+    int64_t groups = (N + 2) / 3, batches = rows / M;
+    parallel_for(batches * groups, M * K * 3, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t bt = t / groups, n = 3 * (t % groups), cols = std::min<int64_t>(3, N - n);
+        int64_t oa, ob;
+        row_offsets(bt * M, oa, ob);
+        const float* w[3];
+        for (int64_t c = 0; c < 3; ++c) w[c] = pb + ob + (n + std::min(c, cols - 1)) * snb;
+        int64_t m = 0;
+        for (; cols == 3 && m + 4 <= M; m += 4) {
+          const float* a4[4];
+          for (int i = 0; i < 4; ++i) {
+            int64_t o2, unused;
+            row_offsets(bt * M + m + i, o2, unused);
+            a4[i] = pa + o2;
+          }
+          float r12[12];
+          simd::dot4x3_f32(a4, w, K, r12);
+          for (int i = 0; i < 4; ++i)
+            for (int c = 0; c < 3; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
+        }
+        for (; m < M; ++m) {
+          int64_t o2, unused;
+          row_offsets(bt * M + m, o2, unused);
+          for (int64_t c = 0; c < cols; ++c) po[(bt * M + m) * N + n + c] = simd::dot_f32(pa + o2, w[c], K);
+        }
+      }
+    });
+    return out;
+  }
   // Parallel over N so each thread streams its own slice of the (usually weight) operand.
   parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
     std::vector<int64_t> idx(r);
