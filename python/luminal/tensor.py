@@ -914,10 +914,6 @@ def _scalar(graph, value, dtype: DType) -> Tensor:
     e = _core.to_expr(value)
     if e.is_const():
         return graph.constant(int(e), dtype)
-    return _sym_scalar(graph, e, dtype)
-
-
-def _sym_scalar(graph, e, dtype: DType) -> Tensor:
     t = graph._wrap(graph._g.iota(e, 1)).reshape([])
     return t.to(dtype)
 

@@ -117,4 +117,9 @@ class Graph {
   std::unordered_map<std::string, CustomKernel> kernels_;
 };
 
+// The edge reads its producer's output exactly as stored.
+inline bool is_plain(const Graph& g, const Edge& e) {
+  return e.view.is_contiguous() && e.view.shape == g.node(e.node).shape;
+}
+
 }  // namespace luminal

@@ -65,11 +65,23 @@ void for_each_index(const std::vector<int64_t>& shape, F&& f) {
   do { f(i++, idx.data()); } while (next_index(idx, shape));
 }
 
+Buffer run_custom(const Graph& g, const Node& n, const Bindings& dims, const BufferMap& bufs) {
+  const CustomKernel* k = g.kernel(n.name);
+  if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
+  std::vector<KernelArg> ins;
+  for (auto& e : n.inputs) ins.push_back(KernelArg{&bufs.at(e.node), ConcreteView(e.view, dims)});
+  Buffer r = (*k)(ins, n);
+  if (r.dtype != n.dtype || r.shape != eval_shape(n.shape, dims))
+    throw std::runtime_error("custom op '" + n.name + "' returned a " + dtype_name(r.dtype) +
+                             " result of the wrong shape or dtype (expected " + dtype_name(n.dtype) + ")");
+  return r;
+}
+
 Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const BufferMap& bufs) {
   auto reader = [&](size_t k) { return Reader(bufs.at(n.inputs[k].node), n.inputs[k].view, dims); };
   // An output that reads its producer as stored shares the producer's buffer.
-  if (n.op == Op::Output && n.inputs[0].view.is_contiguous() && n.inputs[0].view.shape == g.node(n.inputs[0].node).shape)
-    return bufs.at(n.inputs[0].node);
+  if (n.op == Op::Output && is_plain(g, n.inputs[0])) return bufs.at(n.inputs[0].node);
+  if (n.op == Op::Custom) return run_custom(g, n, dims, bufs);  // the kernel allocates its own result
   Buffer out = Buffer::alloc(n.dtype, eval_shape(n.shape, dims));
   void* o = out.data.get();
   switch (n.op) {
@@ -151,18 +163,7 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
       });
       break;
     }
-    case Op::Custom: {
-      const CustomKernel* k = g.kernel(n.name);
-      if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
-      std::vector<KernelArg> ins;
-      for (auto& e : n.inputs) ins.push_back(KernelArg{&bufs.at(e.node), ConcreteView(e.view, dims)});
-      Buffer r = (*k)(ins, n);
-      if (r.dtype != n.dtype || r.shape != out.shape)
-        throw std::runtime_error("custom op '" + n.name + "' returned a " + dtype_name(r.dtype) +
-                                 " result of the wrong shape or dtype (expected " + dtype_name(n.dtype) + ")");
-      return r;
-    }
-    case Op::Input: break;
+    case Op::Custom: case Op::Input: break;  // handled above / by the caller
   }
   return out;
 }

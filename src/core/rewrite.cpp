@@ -10,10 +10,6 @@ const Edge& Match::operator[](const std::string& name) const {
   return it->second;
 }
 
-bool is_plain(const Graph& g, const Edge& e) {
-  return e.view.is_contiguous() && e.view.shape == g.node(e.node).shape;
-}
-
 namespace {
 
 bool match_edge(const Graph& g, const Pattern& p, const Edge& e, Match& m);

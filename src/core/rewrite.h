@@ -47,7 +47,6 @@ struct Match {
 };
 
 bool match(const Graph& g, const Pattern& p, int64_t node, Match& m);
-bool is_plain(const Graph& g, const Edge& e);  // the edge reads its producer's output exactly as stored
 
 // A rewrite returns the replacement node (same shape and dtype as the root), or nullopt to leave it.
 // A replacement of shape () for a root of another shape is read broadcast (a folded constant).

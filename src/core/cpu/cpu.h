@@ -9,6 +9,16 @@ namespace luminal {
 // Runs fn(begin, end) over [0, n) split across the worker threads (serially when the work is small).
 void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& fn);
 void set_num_threads(int n);
+
+// The element offset where outer index `i` starts: `i` is unravelled over every dim but the last `inner` ones.
+inline int64_t outer_offset(const ConcreteView& v, int64_t i, int inner) {
+  int64_t off = v.offset;
+  for (int d = int(v.shape.size()) - 1 - inner; d >= 0; --d) {
+    off += (i % v.shape[d]) * v.strides[d];
+    i /= v.shape[d];
+  }
+  return off;
+}
 int num_threads();
 
 // SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any

@@ -81,16 +81,6 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
              out_dtype == DType::F32 && in_bounds(a) && in_bounds(b);
   bool fast = f32 && va.strides[r - 1] == 1 && vb.strides[r - 1] == 1;  // both rows contiguous: SIMD dot
   int64_t ska = va.strides[r - 1], skb = vb.strides[r - 1];
-  // Offsets of output row `row` (all dims but the last two... and N) for each operand.
-  auto row_offsets = [&](int64_t row, int64_t& oa, int64_t& ob) {
-    oa = va.offset, ob = vb.offset;
-    for (int d = int(r) - 3; d >= 0; --d) {
-      int64_t i = row % va.shape[d];
-      row /= va.shape[d];
-      oa += i * va.strides[d];
-      ob += i * vb.strides[d];
-    }
-  };
   auto generic_at = [](const KernelArg& x, int64_t off, const std::vector<int64_t>& idx) -> double {
     const ConcreteView& v = x.view;
     if (v.masked)
@@ -111,27 +101,21 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
     parallel_for(batches * groups, M * K * 3, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         int64_t bt = t / groups, n = 3 * (t % groups), cols = std::min<int64_t>(3, N - n);
-        int64_t oa, ob;
-        row_offsets(bt * M, oa, ob);
+        int64_t ob = outer_offset(vb, bt * M, 2);
         const float* w[3];
         for (int64_t c = 0; c < 3; ++c) w[c] = pb + ob + (n + std::min(c, cols - 1)) * snb;
         int64_t m = 0;
         for (; cols == 3 && m + 4 <= M; m += 4) {
           const float* a4[4];
-          for (int i = 0; i < 4; ++i) {
-            int64_t o2, unused;
-            row_offsets(bt * M + m + i, o2, unused);
-            a4[i] = pa + o2;
-          }
+          for (int i = 0; i < 4; ++i) a4[i] = pa + outer_offset(va, bt * M + m + i, 2);
           float r12[12];
           simd::dot4x3_f32(a4, w, K, r12);
           for (int i = 0; i < 4; ++i)
             for (int c = 0; c < 3; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
         }
         for (; m < M; ++m) {
-          int64_t o2, unused;
-          row_offsets(bt * M + m, o2, unused);
-          for (int64_t c = 0; c < cols; ++c) po[(bt * M + m) * N + n + c] = simd::dot_f32(pa + o2, w[c], K);
+          const float* x = pa + outer_offset(va, bt * M + m, 2);
+          for (int64_t c = 0; c < cols; ++c) po[(bt * M + m) * N + n + c] = simd::dot_f32(x, w[c], K);
         }
       }
     });
@@ -142,10 +126,7 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
     std::vector<int64_t> idx(r);
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t row = 0; row < rows; ++row) {
-        int64_t oa, ob;
-        row_offsets(row, oa, ob);
-        oa += n * sna;
-        ob += n * snb;
+        int64_t oa = outer_offset(va, row, 2) + n * sna, ob = outer_offset(vb, row, 2) + n * snb;
         int64_t o = row * N + n;
         if (fast) {
           const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;

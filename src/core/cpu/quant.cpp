@@ -35,13 +35,7 @@ void dequant_row(const Format& f, const uint8_t* row, int64_t k, float* out) {
 
 // Rows of raw bytes read through `v`: unmasked, bytes contiguous. Returns a pointer to row i.
 const uint8_t* raw_row(const KernelArg& a, int64_t i) {
-  const ConcreteView& v = a.view;
-  int64_t off = v.offset;
-  for (int d = int(v.shape.size()) - 2; d >= 0; --d) {
-    off += (i % v.shape[d]) * v.strides[d];
-    i /= v.shape[d];
-  }
-  int64_t bytes = v.shape.back();
+  int64_t off = outer_offset(a.view, i, 1), bytes = a.view.shape.back();
   if (off < 0 || off + bytes > a.buf->numel()) throw std::out_of_range("Dequant: a row lies outside its buffer");
   return static_cast<const uint8_t*>(a.buf->data.get()) + off;
 }
@@ -88,8 +82,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
     float* o = static_cast<float*>(out.data.get());
     std::vector<int64_t> row_off(rows);
     for (int64_t row = 0; row < rows; ++row) {
-      int64_t off = va.offset, i = row;
-      for (int d = int(r) - 3; d >= 0; --d) { off += (i % va.shape[d]) * va.strides[d]; i /= va.shape[d]; }
+      int64_t off = outer_offset(va, row, 2);
       row_off[row] = off;
       if (off < 0 || off + K > a.buf->numel()) throw std::out_of_range("QMatMul: activations outside their buffer");
     }
