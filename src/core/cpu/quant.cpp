@@ -88,21 +88,18 @@ CustomKernel qmatmul_kernel(const Format& f) {
     }
     int64_t nb = K / kBlock;
     if (rows <= 4) {
-      // Few rows (decode): multiply straight from the packed blocks.
-      std::vector<float> asum(rows * nb);
+      // Few rows (decode): quantise the activations to int8 blocks once, then multiply straight from the packed
+      // weight blocks in integer arithmetic (memory-bound: each weight byte is read once).
+      std::vector<int8_t> q(rows * K);
+      std::vector<float> d(rows * nb), s(rows * nb);
       for (int64_t row = 0; row < rows; ++row)
-        for (int64_t b = 0; b < nb; ++b) {
-          float s = 0;
-          for (int j = 0; j < kBlock; ++j) s += pa[row_off[row] + b * kBlock + j];
-          asum[row * nb + b] = s;
-        }
+        simd::quantize_q8(pa + row_off[row], nb, q.data() + row * K, d.data() + row * nb, s.data() + row * nb);
       parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
           const uint8_t* wr = raw_row(w, n);
-          for (int64_t row = 0; row < rows; ++row) {
-            const float *x = pa + row_off[row], *xs = asum.data() + row * nb;
-            o[row * N + n] = simd::dot_blocks(f.block_bytes, wr, x, xs, nb);
-          }
+          for (int64_t row = 0; row < rows; ++row)
+            o[row * N + n] = simd::dot_q8(f.block_bytes, wr, q.data() + row * K, d.data() + row * nb,
+                                          s.data() + row * nb, nb);
         }
       });
       return out;

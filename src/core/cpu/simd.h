@@ -1,8 +1,10 @@
 // Dot-product kernels: a portable version and, on x86-64, an AVX2/FMA/F16C version chosen at run time by CPUID.
-// `blocks` variants read GGUF blocks (32 weights each) and use, per block,
-//   sum_j (d*q_j + m) * a_j = d * sum_j q_j*a_j + m * sum_j a_j
-// with the block sums of `a` (asum) computed once per activation row.
+// GGUF weight blocks (32 weights: Q8_0 = d, 32 x int8; Q4_0 = d, 16 bytes of nibbles, q - 8; Q4_1 = d, m, 16 bytes)
+// meet int8 activation blocks (scale da, sum sa = da * sum qa) as
+//   sum_j (d*q_j + m) * da*qa_j = d*da * sum_j q_j*qa_j + m * sa
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -45,19 +47,38 @@ inline void dot4x3_f32_portable(const float* const* a, const float* const* w, in
     for (int c = 0; c < 3; ++c) out[3 * r + c] = dot_f32_portable(a[r], w[c], k);
 }
 
-// block_bytes: 34 = Q8_0 (d, 32 x int8), 18 = Q4_0 (d, 16 bytes, q - 8), 20 = Q4_1 (d, m, 16 bytes).
-inline float dot_blocks_portable(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+// Decode quantises the activations to int8 once per row, 32 per block (scale d = max|a| / 127, q = a / d rounded
+// to nearest even, s = d * sum q), so a weight block's dot product runs in integer arithmetic as llama.cpp's does.
+// `d`, `s` and `q` are per block; the portable and AVX2 versions give identical q, d and s.
+inline void quantize_q8_portable(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < nb; ++b, a += 32, q += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(a[j]));
+    float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[j] = int8_t(std::nearbyint(a[j] * id));
+      sum += q[j];
+    }
+    d[b] = db;
+    s[b] = db * float(sum);
+  }
+}
+
+inline float dot_q8_portable(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s,
+                             int64_t nb) {
   float total = 0;
-  for (int64_t b = 0; b < nb; ++b, w += block_bytes, a += 32) {
-    float s = 0;
+  for (int64_t b = 0; b < nb; ++b, w += block_bytes, q += 32) {
+    int acc = 0;
     if (block_bytes == 34) {
-      for (int j = 0; j < 32; ++j) s += float(int8_t(w[2 + j])) * a[j];
-      total += half(w) * s;
+      for (int j = 0; j < 32; ++j) acc += int(int8_t(w[2 + j])) * q[j];
+      total += half(w) * (d[b] * float(acc));
       continue;
     }
-    const uint8_t* q = w + (block_bytes == 20 ? 4 : 2);
-    for (int j = 0; j < 16; ++j) s += float(q[j] & 0xf) * a[j] + float(q[j] >> 4) * a[j + 16];
-    total += block_bytes == 20 ? half(w) * s + half(w + 2) * asum[b] : half(w) * (s - 8.0f * asum[b]);
+    const uint8_t* p = w + (block_bytes == 20 ? 4 : 2);
+    for (int j = 0; j < 16; ++j) acc += int(p[j] & 0xf) * q[j] + int(p[j] >> 4) * q[j + 16];
+    total += block_bytes == 20 ? half(w) * (d[b] * float(acc)) + half(w + 2) * s[b]
+                               : half(w) * (d[b] * float(acc) - 8.0f * s[b]);
   }
   return total;
 }
@@ -142,50 +163,69 @@ __attribute__((target("avx2,fma,f16c"))) inline void dequant_blocks_avx2(int blo
   }
 }
 
-// One block's sum_j q_j * a_j as 8 lanes.
-__attribute__((target("avx2,fma,f16c"))) inline __m256 block_products(int block_bytes, const uint8_t* w,
-                                                                       const float* a) {
-  __m256 f0, f1, f2, f3;
-  if (block_bytes == 34) {
-    __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
-    __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 18));
-    f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0));
-    f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8)));
-    f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1));
-    f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8)));
-  } else {
-    const __m128i low = _mm_set1_epi8(0x0f);
-    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (block_bytes == 20 ? 4 : 2)));
-    __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-    f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    f2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    f3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+__attribute__((target("avx2,fma"))) inline void quantize_q8_avx2(const float* a, int64_t nb, int8_t* q, float* d,
+                                                                 float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < nb; ++b, a += 32, q += 32) {
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(a + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float db = _mm_cvtss_f32(h) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    __m256i i32[4];
+    for (int i = 0; i < 4; ++i)
+      i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(id)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // Pack 4 x 8 int32 to 32 int8; the packs interleave 128-bit lanes, which the permute puts back in order.
+    __m256i a16 = _mm256_packs_epi32(i32[0], i32[1]), b16 = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a16, b16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), q8);
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    d[b] = db;
+    s[b] = db * float(_mm_cvtsi128_si32(t));
   }
-  __m256 s = _mm256_mul_ps(f0, _mm256_loadu_ps(a));
-  s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(a + 8), s);
-  s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(a + 16), s);
-  return _mm256_fmadd_ps(f3, _mm256_loadu_ps(a + 24), s);
 }
 
-__attribute__((target("avx2,fma,f16c"))) inline float dot_blocks_avx2(int block_bytes, const uint8_t* w, const float* a,
-                                                                        const float* asum, int64_t nb) {
-  // Two accumulators, so consecutive blocks do not wait on each other's fused multiply-add.
-  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
-  float extra = 0;  // the m * sum(a) (Q4_1) or -8 * d * sum(a) (Q4_0) terms
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2, w += 2 * block_bytes, a += 64) {
-    float d0 = half_f16c(w), d1 = half_f16c(w + block_bytes);
-    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), block_products(block_bytes, w, a), t0);
-    t1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), block_products(block_bytes, w + block_bytes, a + 32), t1);
-    if (block_bytes == 20) extra += half_f16c(w + 2) * asum[b] + half_f16c(w + block_bytes + 2) * asum[b + 1];
-    else if (block_bytes == 18) extra -= 8.0f * (d0 * asum[b] + d1 * asum[b + 1]);
+// One block of weights against 32 int8 activations: 8 lanes of int32 partial sums.
+__attribute__((target("avx2,fma"))) inline __m256i block_dot_q8(int block_bytes, const uint8_t* w, const int8_t* q) {
+  __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), p16;
+  if (block_bytes == 34) {
+    // maddubs multiplies unsigned by signed bytes: move the weight's sign onto the activation.
+    __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+  } else {
+    __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (block_bytes == 20 ? 4 : 2)));
+    __m256i qw = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+    p16 = _mm256_maddubs_epi16(qw, qa);
   }
-  for (; b < nb; ++b, w += block_bytes, a += 32) {
-    float d = half_f16c(w);
-    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d), block_products(block_bytes, w, a), t0);
-    if (block_bytes == 20) extra += half_f16c(w + 2) * asum[b];
-    else if (block_bytes == 18) extra -= 8.0f * d * asum[b];
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float dot_q8_avx2(int block_bytes, const uint8_t* w, const int8_t* q,
+                                                                    const float* d, const float* s, int64_t nb) {
+  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
+  float extra = 0;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2, w += 2 * block_bytes, q += 64) {
+    float d0 = half_f16c(w), d1 = half_f16c(w + block_bytes);
+    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * d[b]), _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w, q)), t0);
+    t1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * d[b + 1]),
+                         _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w + block_bytes, q + 32)), t1);
+    if (block_bytes == 20) extra += half_f16c(w + 2) * s[b] + half_f16c(w + block_bytes + 2) * s[b + 1];
+    else if (block_bytes == 18) extra -= 8.0f * (d0 * s[b] + d1 * s[b + 1]);
+  }
+  for (; b < nb; ++b, w += block_bytes, q += 32) {
+    float d0 = half_f16c(w);
+    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * d[b]), _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w, q)), t0);
+    if (block_bytes == 20) extra += half_f16c(w + 2) * s[b];
+    else if (block_bytes == 18) extra -= 8.0f * d0 * s[b];
   }
   return hsum(_mm256_add_ps(t0, t1)) + extra;
 }
@@ -239,11 +279,18 @@ inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float*
   dequant_blocks_portable(block_bytes, w, nb, out);
 }
 
-inline float dot_blocks(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+inline void quantize_q8(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) return dot_blocks_avx2(block_bytes, w, a, asum, nb);
+  if (have_avx2()) return quantize_q8_avx2(a, nb, q, d, s);
 #endif
-  return dot_blocks_portable(block_bytes, w, a, asum, nb);
+  quantize_q8_portable(a, nb, q, d, s);
+}
+
+inline float dot_q8(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s, int64_t nb) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot_q8_avx2(block_bytes, w, q, d, s, nb);
+#endif
+  return dot_q8_portable(block_bytes, w, q, d, s, nb);
 }
 
 }  // namespace luminal::simd
