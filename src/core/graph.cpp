@@ -43,6 +43,7 @@ void Graph::check_edge(const Edge& e, const char* op) const {
 }
 
 int64_t Graph::add(Node n) {
+  ++version_;
   const char* name = op_name(n.op);
   for (auto& e : n.inputs) check_edge(e, name);
   auto in_dtype = [&](size_t i) { return nodes_[n.inputs[i].node].dtype; };
@@ -177,7 +178,10 @@ const Node& Graph::node(int64_t id) const {
   if (id < 0 || id >= int64_t(nodes_.size())) throw std::out_of_range("no node with id " + std::to_string(id));
   return nodes_[id];
 }
-Node& Graph::node_mut(int64_t id) { return const_cast<Node&>(node(id)); }
+Node& Graph::node_mut(int64_t id) {
+  ++version_;
+  return const_cast<Node&>(node(id));
+}
 
 std::vector<int64_t> Graph::topo_order() const {
   // Ids grow with insertion, but rewrites may point an old node at a newer one: order by DFS.
@@ -236,6 +240,7 @@ std::vector<int64_t> Graph::users(int64_t id) const {
 }
 
 void Graph::replace_uses(int64_t old_id, int64_t new_id) {
+  ++version_;
   if (old_id == new_id) return;
   check_replacement(old_id, new_id, false);
   for (int64_t u : users(old_id)) {
@@ -248,6 +253,7 @@ void Graph::replace_uses(int64_t old_id, int64_t new_id) {
 }
 
 void Graph::replace_uses_scalar(int64_t old_id, int64_t new_id) {
+  ++version_;
   check_replacement(old_id, new_id, true);
   for (int64_t u : users(old_id)) {
     for (auto& e : nodes_[u].inputs)

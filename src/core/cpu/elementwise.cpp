@@ -96,14 +96,11 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
 }
 
 template <class T>
-Buffer run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node) {
+void run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
   // The iteration space is the inputs' (view) shape: the output's, plus the reduced axis.
   const std::vector<int64_t>& space = args[0].view.shape;
   bool reduce = prog.reduce != Op::Input;
-  std::vector<int64_t> out_shape = space;
-  if (reduce) out_shape.pop_back();
-  Buffer out = Buffer::alloc(node.dtype, out_shape);
   int64_t L = space.empty() ? 1 : space.back();
   int64_t rows = reduce ? out.numel() : (L ? out.numel() / L : 0);
   size_t nreg = prog.code.size();
@@ -140,12 +137,12 @@ Buffer run_program(const Program& prog, const std::vector<KernelArg>& args, cons
       if (reduce) store_from_double(o, row, node.dtype, acc);
     }
   });
-  return out;
 }
 
-Buffer fused_kernel(const std::vector<KernelArg>& args, const Node& node) {
+void fused_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   const Program& prog = *std::static_pointer_cast<const Program>(node.payload);
-  return prog.float_registers ? run_program<float>(prog, args, node) : run_program<double>(prog, args, node);
+  if (prog.float_registers) run_program<float>(prog, args, node, out);
+  else run_program<double>(prog, args, node, out);
 }
 
 struct Registrar {

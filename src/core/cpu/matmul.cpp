@@ -57,7 +57,7 @@ KernelArg pack_last_axis(const KernelArg& x, Buffer& storage) {
   return KernelArg{&storage, packed};
 }
 
-Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
+void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buffer& out) {
   DType out_dtype = node.dtype;
   // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
   std::vector<KernelArg> args = in_args;
@@ -72,8 +72,6 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
   const ConcreteView &va = a.view, &vb = b.view;
   size_t r = va.shape.size();
   if (r == 0 || vb.shape != va.shape) throw std::logic_error("MatMul: operand views disagree");
-  std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
-  Buffer out = Buffer::alloc(out_dtype, out_shape);
   int64_t K = va.shape[r - 1];
   int64_t N = r >= 2 ? va.shape[r - 2] : 1;
   int64_t rows = out.numel() / (N ? N : 1);
@@ -119,7 +117,7 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
         }
       }
     });
-    return out;
+    return;
   }
   // Parallel over N so each thread streams its own slice of the (usually weight) operand.
   parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
@@ -154,7 +152,6 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
         store_from_double(out.data.get(), o, out_dtype, s);
       }
   });
-  return out;
 }
 
 struct Registrar {

@@ -48,35 +48,27 @@ void check_raw(const KernelArg& a, const Format& f, const char* op) {
 }
 
 CustomKernel dequant_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, const Node& node) {
-    DType out_dtype = node.dtype;
+  return [&f](const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
     const KernelArg& a = args.at(0);
     check_raw(a, f, "Dequant");
-    std::vector<int64_t> shape = a.view.shape;
-    int64_t k = shape.back() / f.block_bytes * kBlock;
-    shape.back() = k;
-    Buffer out = Buffer::alloc(DType::F32, shape);
+    if (node.dtype != DType::F32) throw std::invalid_argument("Dequant produces float32");
+    int64_t k = a.view.shape.back() / f.block_bytes * kBlock;
     int64_t rows = k ? out.numel() / k : 0;
     float* o = static_cast<float*>(out.data.get());
     parallel_for(rows, k, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) dequant_row(f, raw_row(a, r), k, o + r * k);
     });
-    if (out_dtype != DType::F32) throw std::invalid_argument("Dequant produces float32");
-    return out;
   };
 }
 
 // out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
 CustomKernel qmatmul_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, const Node& node) {
-    DType out_dtype = node.dtype;
+  return [&f](const std::vector<KernelArg>& args, const Node&, Buffer& out) {
     const KernelArg &a = args.at(0), &w = args.at(1);
     check_raw(w, f, "QMatMul");
     const ConcreteView& va = a.view;
     size_t r = va.shape.size();
     int64_t K = va.shape[r - 1], N = va.shape[r - 2];
-    std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
-    Buffer out = Buffer::alloc(out_dtype, out_shape);
     int64_t rows = N ? out.numel() / N : 0;
     const float* pa = static_cast<const float*>(a.buf->data.get());
     float* o = static_cast<float*>(out.data.get());
@@ -102,7 +94,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
                                           s.data() + row * nb, nb);
         }
       });
-      return out;
+      return;
     }
     // Many rows (prefill): unpack weight rows once, three at a time, and run them against 4 rows of activations
     // at a time (a 4 x 3 register tile); leftover rows take plain dot products.
@@ -124,7 +116,6 @@ CustomKernel qmatmul_kernel(const Format& f) {
           for (int64_t c = 0; c < cols; ++c) o[row * N + n + c] = simd::dot_f32(pa + row_off[row], wr[c], K);
       }
     });
-    return out;
   };
 }
 

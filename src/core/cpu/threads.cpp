@@ -19,32 +19,33 @@ class Pool {
     for (int i = 1; i < n_; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~Pool() {
-    { std::lock_guard<std::mutex> l(mu_); stop_ = true; epoch_.fetch_add(1); }
+    { std::lock_guard<std::mutex> l(mu_); stop_ = true; epoch_.fetch_add(1); }  // workers wake and return
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
   int size() const { return n_; }
 
-  // Splits [0, n) into a few chunks per thread, taken first come first served (a descheduled thread then
-  // delays only its current chunk); the caller works too.
+  // Splits [0, n) into a few chunks per thread, taken first come first served; the caller works too. The caller
+  // waits only for workers that joined before it ran out of chunks: a worker the OS has not scheduled yet (a busy
+  // machine) delays nothing, it finds the run closed and goes back to waiting.
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(run_mu_);
     fn_ = &fn;
     n_items_ = n;
     per_ = std::max<int64_t>(1, n / (4 * n_));
     next_.store(0);
-    pending_.store(n_ - 1);
+    closed_.store(false);
     {
       std::lock_guard<std::mutex> l(mu_);
-      epoch_.fetch_add(1, std::memory_order_release);
+      epoch_.fetch_add(1);
     }
     cv_.notify_all();
     work();
-    // Kernels are short: spin a little before sleeping, as the workers do.
-    for (int i = 0; i < 4000 && pending_.load(std::memory_order_acquire) != 0; ++i) pause();
-    if (pending_.load(std::memory_order_acquire) != 0) {
+    closed_.store(true);  // seq_cst: a worker that joins after this sees it (see loop())
+    for (int i = 0; i < 4000 && active_.load() != 0; ++i) pause();
+    if (active_.load() != 0) {
       std::unique_lock<std::mutex> l(mu_);
-      done_cv_.wait(l, [this] { return pending_.load() == 0; });
+      done_cv_.wait(l, [this] { return active_.load() == 0; });
     }
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
@@ -78,8 +79,10 @@ class Pool {
         seen = epoch_.load();
         if (stop_) return;
       }
-      work();
-      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      // Join, then look: either the caller sees us in active_ and waits, or we see the run closed and leave.
+      active_.fetch_add(1);
+      if (!closed_.load()) work();
+      if (active_.fetch_sub(1) == 1) {
         std::lock_guard<std::mutex> l(mu_);
         done_cv_.notify_one();
       }
@@ -95,7 +98,8 @@ class Pool {
   std::atomic<int64_t> next_{0};
   std::mutex err_mu_;
   std::exception_ptr error_;
-  std::atomic<int> pending_{0};
+  std::atomic<int> active_{0};
+  std::atomic<bool> closed_{true};
   std::atomic<uint64_t> epoch_{0};
   bool stop_ = false;
 };
