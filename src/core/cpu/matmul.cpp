@@ -102,18 +102,14 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
         int64_t ob = outer_offset(vb, bt * M, 2);
         const float* w[3];
         for (int64_t c = 0; c < 3; ++c) w[c] = pb + ob + (n + std::min(c, cols - 1)) * snb;
-        int64_t m = 0;
-        for (; cols == 3 && m + 4 <= M; m += 4) {
+        for (int64_t m = 0; m < M; m += 4) {
+          int rr = int(std::min<int64_t>(4, M - m));
           const float* a4[4];
-          for (int i = 0; i < 4; ++i) a4[i] = pa + outer_offset(va, bt * M + m + i, 2);
+          for (int i = 0; i < rr; ++i) a4[i] = pa + outer_offset(va, bt * M + m + i, 2);
           float r12[12];
-          simd::dot4x3_f32(a4, w, K, r12);
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 3; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
-        }
-        for (; m < M; ++m) {
-          const float* x = pa + outer_offset(va, bt * M + m, 2);
-          for (int64_t c = 0; c < cols; ++c) po[(bt * M + m) * N + n + c] = simd::dot_f32(x, w[c], K);
+          simd::dot_rx3_f32(rr, a4, w, K, r12);
+          for (int i = 0; i < rr; ++i)
+            for (int64_t c = 0; c < cols; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
         }
       }
     });

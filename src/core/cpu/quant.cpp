@@ -97,23 +97,22 @@ CustomKernel qmatmul_kernel(const Format& f) {
       return;
     }
     // Many rows (prefill): unpack weight rows once, three at a time, and run them against 4 rows of activations
-    // at a time (a 4 x 3 register tile); leftover rows take plain dot products.
+    // at a time (a 4 x 3 register tile; fewer rows at the end).
     parallel_for((N + 2) / 3, rows * K * 3, [&](int64_t t0, int64_t t1) {
-      std::vector<float> buf(3 * K);
+      std::vector<float> buf(3 * K, 0.0f);  // a last group of fewer than 3 rows computes on zeros, discarded
       const float* wr[3] = {buf.data(), buf.data() + K, buf.data() + 2 * K};
       for (int64_t t = t0; t < t1; ++t) {
         int64_t n = 3 * t, cols = std::min<int64_t>(3, N - n);
         for (int64_t c = 0; c < cols; ++c) dequant_row(f, raw_row(w, n + c), K, buf.data() + c * K);
-        int64_t row = 0;
-        for (; cols == 3 && row + 4 <= rows; row += 4) {
-          const float* a4[4] = {pa + row_off[row], pa + row_off[row + 1], pa + row_off[row + 2], pa + row_off[row + 3]};
+        for (int64_t row = 0; row < rows; row += 4) {
+          int rr = int(std::min<int64_t>(4, rows - row));
+          const float* a4[4];
+          for (int i = 0; i < rr; ++i) a4[i] = pa + row_off[row + i];
           float r12[12];
-          simd::dot4x3_f32(a4, wr, K, r12);
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 3; ++c) o[(row + i) * N + n + c] = r12[3 * i + c];
+          simd::dot_rx3_f32(rr, a4, wr, K, r12);
+          for (int i = 0; i < rr; ++i)
+            for (int64_t c = 0; c < cols; ++c) o[(row + i) * N + n + c] = r12[3 * i + c];
         }
-        for (; row < rows; ++row)
-          for (int64_t c = 0; c < cols; ++c) o[row * N + n + c] = simd::dot_f32(pa + row_off[row], wr[c], K);
       }
     });
   };

@@ -40,10 +40,10 @@ inline float dot_f32_portable(const float* a, const float* b, int64_t k) {
   return s;
 }
 
-// A 4 x 3 tile: rows a[0..3] against weight rows w[0..2] (out is row-major 4 x 3). Twelve accumulators, three
-// weight vectors and one activation vector fill AVX2's sixteen registers.
-inline void dot4x3_f32_portable(const float* const* a, const float* const* w, int64_t k, float* out) {
-  for (int r = 0; r < 4; ++r)
+// An R x 3 tile (R <= 4): rows a[0..R) against weight rows w[0..2] (out is row-major R x 3). With R = 4, twelve
+// accumulators, three weight vectors and one activation vector fill AVX2's sixteen registers.
+inline void dot_rx3_f32_portable(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
+  for (int r = 0; r < rows; ++r)
     for (int c = 0; c < 3; ++c) out[3 * r + c] = dot_f32_portable(a[r], w[c], k);
 }
 
@@ -113,22 +113,23 @@ __attribute__((target("avx2,fma,f16c"))) inline float half_f16c(const uint8_t* p
   return _cvtsh_ss(h);
 }
 
-__attribute__((target("avx2,fma"))) inline void dot4x3_f32_avx2(const float* const* a, const float* const* w,
-                                                                int64_t k, float* out) {
-  __m256 s[12];
+template <int R>
+__attribute__((target("avx2,fma"))) inline void dot_rx3_f32_avx2(const float* const* a, const float* const* w,
+                                                                 int64_t k, float* out) {
+  __m256 s[3 * R];
   for (auto& x : s) x = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256 x0 = _mm256_loadu_ps(w[0] + i), x1 = _mm256_loadu_ps(w[1] + i), x2 = _mm256_loadu_ps(w[2] + i);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       __m256 y = _mm256_loadu_ps(a[r] + i);
       s[3 * r] = _mm256_fmadd_ps(y, x0, s[3 * r]);
       s[3 * r + 1] = _mm256_fmadd_ps(y, x1, s[3 * r + 1]);
       s[3 * r + 2] = _mm256_fmadd_ps(y, x2, s[3 * r + 2]);
     }
   }
-  for (int j = 0; j < 12; ++j) out[j] = hsum(s[j]);
-  for (int r = 0; r < 4; ++r)
+  for (int j = 0; j < 3 * R; ++j) out[j] = hsum(s[j]);
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < 3; ++c)
       for (int64_t j = i; j < k; ++j) out[3 * r + c] += a[r][j] * w[c][j];
 }
@@ -269,11 +270,18 @@ inline float dot_f32(const float* a, const float* b, int64_t k) {
   return dot_f32_portable(a, b, k);
 }
 
-inline void dot4x3_f32(const float* const* a, const float* const* w, int64_t k, float* out) {
+inline void dot_rx3_f32(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) return dot4x3_f32_avx2(a, w, k, out);
+  if (have_avx2()) {
+    switch (rows) {
+      case 4: return dot_rx3_f32_avx2<4>(a, w, k, out);
+      case 3: return dot_rx3_f32_avx2<3>(a, w, k, out);
+      case 2: return dot_rx3_f32_avx2<2>(a, w, k, out);
+      case 1: return dot_rx3_f32_avx2<1>(a, w, k, out);
+    }
+  }
 #endif
-  dot4x3_f32_portable(a, w, k, out);
+  dot_rx3_f32_portable(rows, a, w, k, out);
 }
 
 inline void dequant_blocks_portable(int block_bytes, const uint8_t* w, int64_t nb, float* out) {
