@@ -288,7 +288,15 @@ std::vector<int64_t> Graph::kept() const {
   return out;
 }
 
-void Graph::remove(int64_t id) { node_mut(id).alive = false; }
+void Graph::remove(int64_t id) {
+  // The id stays valid (users may hold it) but the node's edges and data go: a compiled LLM step graph leaves
+  // thousands of dead nodes behind, and their views are most of the graph's memory.
+  Node& n = node_mut(id);
+  n.alive = false;
+  std::vector<Edge>().swap(n.inputs);
+  n.payload.reset();
+  std::vector<int64_t>().swap(users_[id]);
+}
 
 int64_t Graph::resolve(int64_t id) const {
   for (auto it = remap_.find(id); it != remap_.end(); it = remap_.find(id)) id = it->second;

@@ -1,6 +1,8 @@
 """Running a Llama step graph: prefill once, then one token per step reusing the KV cache; sampling."""
 from __future__ import annotations
 
+import math
+import mmap
 import time
 
 import numpy as np
@@ -61,14 +63,16 @@ class Session:
     def _give_caches(self, capacity: int):
         """(Re)allocates the cache arrays with `capacity` rows, keeping the first `length`, and donates them."""
         c = self.model.config
-        old = self._caches
-        self._caches = []
-        for i, t in enumerate(x for pair in self.cache_in for x in pair):
-            a = np.zeros((capacity, c.n_kv_heads, c.head_dim), np.float32)
-            if old:
-                a[: self.length] = old[i][: self.length]
-            t.set(a, donate=True)
-            self._caches.append(a)
+        ins = [x for pair in self.cache_in for x in pair]
+        # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
+        # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
+        shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
+        block = np.frombuffer(mmap.mmap(-1, 4 * math.prod(shape)), np.float32).reshape(shape)
+        for i, t in enumerate(ins):
+            if self._caches:
+                block[i, : self.length] = self._caches[i][: self.length]
+            t.set(block[i], donate=True)
+        self._caches = list(block)
         self._capacity = capacity
 
     def step(self, ids) -> np.ndarray:
