@@ -77,6 +77,15 @@ py::array to_numpy(const Buffer& b) {
   return py::array(numpy_dtype(b.dtype), shape, b.data.get(), owner);
 }
 
+// An Executor plus the buffers wrapping the arrays of the last run: an array passed again (a weight, a donated
+// cache) is not wrapped again, and its reference is not dropped and retaken (under the GIL) on every run.
+struct PyExecutor {
+  Executor ex;
+  BufferMap inputs;
+  std::unordered_map<int64_t, py::object> arrays;
+  explicit PyExecutor(const Graph& g) : ex(g) {}
+};
+
 DType dtype_of(const py::handle& h) { return dtype_from_name(py::str(h).cast<std::string>()); }
 
 }  // namespace
@@ -242,14 +251,20 @@ PYBIND11_MODULE(_core, m) {
     return r;
   }, "Run the graph's Output nodes once; returns {output id: array}.");
 
-  py::class_<Executor>(m, "Executor", "Runs a graph's outputs; keeps its schedule and memory plan between runs.")
+  py::class_<PyExecutor>(m, "Executor", "Runs a graph's outputs; keeps its schedule and memory plan between runs.")
       .def(py::init<const Graph&>(), py::keep_alive<1, 2>())
-      .def("run", [](Executor& ex, const py::dict& dims, const py::dict& inputs, const py::iterable& donated) {
-        const Graph& g = ex.graph();
-        BufferMap in;
+      .def("run", [](PyExecutor& self, const py::dict& dims, const py::dict& inputs, const py::iterable& donated) {
+        const Graph& g = self.ex.graph();
+        if (self.arrays.size() > inputs.size()) {  // forget inputs no longer given
+          self.arrays.clear();
+          self.inputs.clear();
+        }
         for (auto [k, v] : inputs) {
           int64_t id = k.cast<int64_t>();
-          in[id] = to_buffer(v.cast<py::array>(), g.node(id).dtype);
+          auto it = self.arrays.find(id);
+          if (it != self.arrays.end() && it->second.is(v)) continue;
+          self.inputs[id] = to_buffer(v.cast<py::array>(), g.node(id).dtype);
+          self.arrays[id] = py::reinterpret_borrow<py::object>(v);
         }
         std::unordered_set<int64_t> give;
         for (auto d : donated) give.insert(d.cast<int64_t>());
@@ -257,14 +272,14 @@ PYBIND11_MODULE(_core, m) {
         BufferMap out;
         {
           py::gil_scoped_release release;
-          out = ex.run(b, in, give);
+          out = self.ex.run(b, self.inputs, give);
         }
         py::dict r;
         for (auto& [id, buf] : out) r[py::int_(id)] = to_numpy(buf);
         return r;
       }, py::arg("dims"), py::arg("inputs"), py::arg("donated") = py::tuple(),
          "Runs every Output with `inputs` ({input id: array}); `donated` input ids may be overwritten in place.")
-      .def_property_readonly("arena_bytes", &Executor::arena_bytes);
+      .def_property_readonly("arena_bytes", [](const PyExecutor& self) { return self.ex.arena_bytes(); });
 
   bind_compiler(m);
 

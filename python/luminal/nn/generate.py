@@ -87,7 +87,7 @@ class Session:
         ins = [x for pair in self.cache_in for x in pair]
         for i, (t_in, t_out) in enumerate(zip(ins, outs)):
             a = t_out.numpy()
-            if a.ctypes.data != self._caches[i].ctypes.data:  # a backend that did not update in place
+            if a.__array_interface__["data"][0] != self._caches[i].__array_interface__["data"][0]:  # not in place
                 t_in.set(a, donate=True)
                 self._caches[i] = a
         self.length += len(ids)
