@@ -59,6 +59,32 @@ KernelArg pack_last_axis(const KernelArg& x, Buffer& storage) {
 
 void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buffer& out) {
   DType out_dtype = node.dtype;
+  {
+    // out[.., n] = sum_k a[.., k] * b[.., k, n] with b's rows contiguous along n and a the same for every n
+    // (attention weights @ V): accumulate scaled rows of b, with no packing of b, while b fits in L2 (a larger b
+    // is packed for the register tiles below, which read it once per four rows instead of once per row).
+    const KernelArg &a = in_args.at(0), &b = in_args.at(1);
+    const ConcreteView &va = a.view, &vb = b.view;
+    size_t r = va.shape.size();
+    if (r >= 2 && out_dtype == DType::F32 && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+        !va.masked && !vb.masked && va.strides[r - 2] == 0 && vb.strides[r - 2] == 1 && vb.strides[r - 1] != 1 &&
+        va.shape[r - 1] * va.shape[r - 2] <= 64 * 1024 && in_bounds(a) && in_bounds(b)) {
+      int64_t K = va.shape[r - 1], N = va.shape[r - 2], rows = out.numel() / (N ? N : 1);
+      int64_t ska = va.strides[r - 1], skb = vb.strides[r - 1];
+      const float* pa = static_cast<const float*>(a.buf->data.get());
+      const float* pb = static_cast<const float*>(b.buf->data.get());
+      float* po = static_cast<float*>(out.data.get());
+      parallel_for(rows, N * K, [&](int64_t r0, int64_t r1) {
+        for (int64_t row = r0; row < r1; ++row) {
+          const float *x = pa + outer_offset(va, row, 2), *y = pb + outer_offset(vb, row, 2);
+          float* o = po + row * N;
+          std::fill(o, o + N, 0.0f);
+          for (int64_t k = 0; k < K; ++k) simd::axpy_f32(x[k * ska], y + k * skb, o, N);
+        }
+      });
+      return;
+    }
+  }
   // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
   std::vector<KernelArg> args = in_args;
   Buffer packed[2];

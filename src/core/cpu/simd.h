@@ -255,6 +255,13 @@ __attribute__((target("avx2,fma"))) inline void exp2_f32_avx2(const float* x, fl
   for (; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
 }
 
+__attribute__((target("avx2,fma"))) inline void axpy_f32_avx2(float alpha, const float* x, float* y, int64_t n) {
+  __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
 inline bool have_avx2() {
   static const bool ok =
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -309,6 +316,14 @@ inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float*
   if (have_avx2()) return dequant_blocks_avx2(block_bytes, w, nb, out);
 #endif
   dequant_blocks_portable(block_bytes, w, nb, out);
+}
+
+// y += alpha * x
+inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return axpy_f32_avx2(alpha, x, y, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 inline void exp2_f32(const float* x, float* o, int64_t n) {
