@@ -35,6 +35,7 @@ class Executor {
     std::vector<int64_t> inputs;
     std::vector<ViewRef> views;
     std::vector<int> shape;
+    std::vector<int> deps;  // every expression its shape and views use
     const CustomKernel* kernel = nullptr;
     Home home = Home::Arena;
     bool may_run_in_place = false;  // a Scatter whose destination is an Input only it reads, read as stored
@@ -46,7 +47,7 @@ class Executor {
   };
 
   void build();
-  void concretize(const std::unordered_set<int64_t>& donated);
+  void concretize(const std::unordered_set<int64_t>& donated, const std::vector<char>& dirty, bool all);
   int intern(const Expr& e);
   ViewRef ref(const View& v);
 
@@ -58,6 +59,8 @@ class Executor {
   std::unordered_map<Expr, int, ExprHash> expr_index_;
   std::vector<int64_t> values_;  // exprs_ evaluated under the last run's dims
   bool planned_ = false;
+  double plan_seconds_ = 0;
+  std::vector<size_t> planned_sizes_;  // the arena buffers' sizes the offsets were planned for
   std::vector<Buffer> bufs_;  // node id -> its buffer during a run
   std::shared_ptr<void> arena_;
   size_t arena_size_ = 0, arena_capacity_ = 0;
