@@ -110,7 +110,8 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
   size_t nreg = prog.code.size();
   void* o = out.data.get();
   parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg), [&](int64_t r0, int64_t r1) {
-    std::vector<T> regs(nreg * kChunk);
+    thread_local std::vector<T> regs;  // reused across calls: decode runs hundreds of small programs per token
+    if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
     for (int64_t row = r0; row < r1; ++row) {
       double acc = prog.reduce == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
       for (int64_t j0 = 0; j0 < L; j0 += kChunk) {
