@@ -28,11 +28,11 @@ class Pool {
   // Splits [0, n) into a few chunks per thread, taken first come first served; the caller works too. The caller
   // waits only for workers that joined before it ran out of chunks: a worker the OS has not scheduled yet (a busy
   // machine) delays nothing, it finds the run closed and goes back to waiting.
-  void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  void run(int64_t n, int64_t per, const std::function<void(int64_t, int64_t)>& fn) {
     std::lock_guard<std::mutex> serial(run_mu_);
     fn_ = &fn;
     n_items_ = n;
-    per_ = std::max<int64_t>(1, n / (4 * n_));
+    per_ = per;
     next_.store(0);
     closed_.store(false);
     {
@@ -130,8 +130,12 @@ int num_threads() {
 
 void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  if (num_threads() == 1 || n == 1 || n * cost_per_item < 32768) return fn(0, n);
-  pool()->run(n, fn);
+  int threads = num_threads();
+  if (threads == 1 || n == 1 || n * cost_per_item < 32768) return fn(0, n);
+  // Chunks of about 16k units of work (a few microseconds), at most a quarter of a thread's share: small enough
+  // that the threads finish together, large enough that taking one costs nothing.
+  int64_t per = std::clamp<int64_t>(16384 / std::max<int64_t>(cost_per_item, 1), 1, std::max<int64_t>(1, n / (4 * threads)));
+  pool()->run(n, per, fn);
 }
 
 }  // namespace luminal
