@@ -50,6 +50,8 @@ class Session:
         t = time.perf_counter()
         g.compile(*(compilers if compilers is not None else [GenericCompiler(), CPUCompiler()]))
         self.compile_seconds = time.perf_counter() - t
+        self._cache_inputs = [x for pair in self.cache_in for x in pair]
+        self._cache_outputs = [x for pair in self.cache_out for x in pair]
         self._caches: list[np.ndarray] = []
         self._capacity = max(1, capacity)
         self.reset()
@@ -63,7 +65,7 @@ class Session:
     def _give_caches(self, capacity: int):
         """(Re)allocates the cache arrays with `capacity` rows, keeping the first `length`, and donates them."""
         c = self.model.config
-        ins = [x for pair in self.cache_in for x in pair]
+        ins = self._cache_inputs
         # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
         # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
         shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
@@ -83,13 +85,12 @@ class Session:
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
         self.graph.execute()
-        outs = [x for pair in self.cache_out for x in pair]
-        ins = [x for pair in self.cache_in for x in pair]
-        for i, (t_in, t_out) in enumerate(zip(ins, outs)):
-            a = t_out.numpy()
-            if a.__array_interface__["data"][0] != self._caches[i].__array_interface__["data"][0]:  # not in place
-                t_in.set(a, donate=True)
-                self._caches[i] = a
+        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor), all did.
+        first = self.cache_out[0][0].numpy()
+        if first.__array_interface__["data"][0] != self._caches[0].__array_interface__["data"][0]:
+            for i, (t_in, t_out) in enumerate(zip(self._cache_inputs, self._cache_outputs)):
+                self._caches[i] = t_out.numpy()
+                t_in.set(self._caches[i], donate=True)
         self.length += len(ids)
         return self.logits.numpy()
 
