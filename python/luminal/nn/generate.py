@@ -70,6 +70,7 @@ class Session:
         # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
         shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
         block = np.frombuffer(mmap.mmap(-1, 4 * math.prod(shape)), np.float32).reshape(shape)
+        self.graph.set_dim("c", capacity)
         for i, t in enumerate(ins):
             if self._caches:
                 block[i, : self.length] = self._caches[i][: self.length]
