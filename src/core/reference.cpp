@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -120,18 +121,34 @@ void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings
     }
     case Op::Scatter: {
       Reader dest = reader(0), index = reader(1), src = reader(2);
-      if (o != dest.base || !dest.v.is_plain(out.shape))  // not in place (see Executor): start from a copy of dest
+      // Rows of the same dtype read as stored are copied bytewise (the KV-cache update of every decode step).
+      size_t es = dtype_size(n.dtype);
+      bool dest_plain = dest.dtype == n.dtype && dest.v.is_plain(out.shape) && dest.size >= out.numel();
+      if (o == dest.base && dest_plain) {
+        // in place (see Executor): dest is already the output
+      } else if (dest_plain) {
+        std::memcpy(o, dest.base, out.nbytes());
+      } else {
         for_each_index(out.shape, [&](int64_t i, const int64_t* idx) { store_from_double(o, i, n.dtype, dest.at(idx)); });
+      }
       std::vector<int64_t> row_shape(out.shape.begin() + 1, out.shape.end());
       int64_t row_size = 1;
       for (auto d : row_shape) row_size *= d;
+      int64_t src_numel = 1;
+      for (auto d : src.v.shape) src_numel *= d;
+      bool src_plain = src.dtype == n.dtype && src.v.is_plain(src.v.shape) && src.size >= src_numel;
       size_t ni = index.v.shape.size();
       std::vector<int64_t> s_idx(src.v.shape.size());
-      for_each_index(index.v.shape, [&](int64_t, const int64_t* m) {
+      for_each_index(index.v.shape, [&](int64_t mi, const int64_t* m) {
         double r = index.at(m);
         if (r < 0 || r >= out.shape[0])
           throw std::out_of_range("Scatter: index " + std::to_string(int64_t(r)) + " is out of range for " +
                                   std::to_string(out.shape[0]) + " rows");
+        if (src_plain) {
+          std::memcpy(static_cast<char*>(o) + int64_t(r) * row_size * es,
+                      static_cast<const char*>(src.base) + mi * row_size * es, row_size * es);
+          return;
+        }
         for (size_t d = 0; d < ni; ++d) s_idx[d] = m[d];
         for_each_index(row_shape, [&](int64_t j, const int64_t* rest) {
           for (size_t d = 0; d < row_shape.size(); ++d) s_idx[ni + d] = rest[d];
