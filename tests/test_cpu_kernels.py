@@ -1,5 +1,7 @@
 """The native CPU kernels against float64 references: quantised matvec/matmul on random blocks of every supported
 type and odd sizes, float matmul through any layout, and thread counts 1 and N."""
+import os
+
 import numpy as np
 import pytest
 
@@ -145,3 +147,24 @@ def test_float32_exp2_within_one_ulp():
     normal = np.isfinite(want) & (np.abs(want) >= np.finfo(np.float32).tiny)
     np.testing.assert_array_max_ulp(got[normal], want[normal], maxulp=1)
     np.testing.assert_array_equal(got[~normal], want[~normal])
+
+
+def test_simd_level():
+    want = "portable" if os.environ.get("LUMINAL_NO_AVX2") else None
+    assert lm._core.simd() in ("avx2", "portable") and (want is None or lm._core.simd() == want)
+
+
+def test_portable_kernels(tmp_path):
+    """The kernels without AVX2 (LUMINAL_NO_AVX2=1 forces them): this file's tests again, in a subprocess."""
+    import subprocess
+    import sys
+
+    if not hasattr(lm._core, "set_num_threads"):
+        pytest.skip("no native backend")
+    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal, wherever it is
+    env = {**os.environ, "LUMINAL_NO_AVX2": "1",
+           "PYTHONPATH": os.pathsep.join([pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
+                        "not portable_kernels"], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert " passed" in r.stdout  # ran, test_simd_level included: the portable kernels were the ones used
