@@ -554,6 +554,16 @@ class GGUFFile:
                             "its size cannot be computed")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
 
+    def release(self, name: str) -> None:
+        """Drops the tensor's pages from this process's resident memory (the OS keeps them cached): for a tensor
+        that was copied out (reordered, dequantised), so that the file's pages and the copy are not both counted."""
+        t = self._tensor(name)
+        page = mmap.PAGESIZE
+        start = -(-t.data_offset // page) * page  # whole pages inside the tensor only: neighbours stay
+        end = (t.data_offset + (t.nbytes or 0)) // page * page
+        if end > start and not self._mm.closed:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def raw(self, name: str) -> np.ndarray:
         return self._raw(self._tensor(name))
 

@@ -211,4 +211,6 @@ def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True, quantized:
         else:
             continue  # e.g. rope_freqs: recomputed from the config
         out[key] = QuantizedWeight(w, t.type_name, tuple(t.shape)) if packed else np.ascontiguousarray(w, np.float32)
+        if not np.may_share_memory(out[key].raw if packed else out[key], g.raw(name)):
+            g.release(name)  # a copy: the file's pages are not needed in memory any more
     return out
