@@ -181,6 +181,12 @@ class QuantizedLowering(_CorePass):
     fn = staticmethod(_core.lower_quantized)
 
 
+class QuantizedStacking(_CorePass):
+    """QMatMuls of one format over the same activations (q/k/v, gate/up) -> one over their stacked weights, read
+    back through views: the activations are quantised once, and the threads split one range of rows."""
+    fn = staticmethod(_core.stack_qmatmuls)
+
+
 class ElementwiseFusion(_CorePass):
     """Chains of elementwise primops, and a sum/max over the last axis at their end, -> one fused kernel each."""
     fn = staticmethod(_core.fuse_elementwise)
@@ -192,7 +198,8 @@ class CPUCompiler:
     def __init__(self, threads: int | None = None):
         if threads is not None:
             _core.set_num_threads(threads)
-        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(), DeadNodeRemoval()]
+        self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(), ElementwiseFusion(),
+                       DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

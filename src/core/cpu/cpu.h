@@ -29,6 +29,9 @@ size_t lower_matmuls(Graph& g);
 // Gather(Dequant(raw)) -> Dequant(Gather(raw)). Run after lower_matmuls.
 size_t lower_quantized(Graph& g);
 
+// QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
+size_t stack_qmatmuls(Graph& g);
+
 // Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each.
 size_t fuse_elementwise(Graph& g);
 

@@ -189,6 +189,47 @@ std::optional<View> rebase_rows(const View& v, int64_t n, int64_t total, int64_t
   return out;
 }
 
+}  // namespace
+
+size_t lower_quantized(Graph& g) {
+  // MatMul(a, Dequant(raw)) where the weight is read as W[n, k] and the activations are plain float32 rows.
+  Pattern mm = op(Op::Custom, {any("a"), any("w_edge")});
+  mm.custom = "MatMul";
+  Rule fuse{"MatMul(a, Dequant(raw)) -> QMatMul", mm, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              const Edge &a = m["a"], &we = m["w_edge"];
+              const Node& wn = gg.node(we.node);
+              const Format* f = wn.op == Op::Custom ? format_of(wn.name, "Dequant") : nullptr;
+              if (!f || wn.shape.size() != 2 || gg.node(a.node).dtype != DType::F32) return std::nullopt;
+              const View &va = a.view, &vw = we.view;
+              size_t r = vw.rank();
+              // Activations: rows of k read with stride 1, the same row for every n.
+              if (r < 2 || va.has_mask() || vw.has_mask() || va.strides[r - 1] != Expr(1) ||
+                  va.strides[r - 2] != Expr(0))
+                return std::nullopt;
+              // The weight view must be W[n, k] broadcast over everything else.
+              if (vw.offset != Expr(0) || vw.strides[r - 1] != Expr(1) || vw.strides[r - 2] != wn.shape[1] ||
+                  vw.shape[r - 2] != wn.shape[0] || vw.shape[r - 1] != wn.shape[1])
+                return std::nullopt;
+              for (size_t d = 0; d + 2 < r; ++d)
+                if (vw.strides[d] != Expr(0)) return std::nullopt;
+              const Node& root = gg.node(m.root);
+              if (root.dtype != DType::F32) return std::nullopt;
+              Edge raw = wn.inputs[0];
+              Shape shape = root.shape;
+              return gg.custom(std::string("QMatMul") + f->name, {a, raw}, shape, DType::F32);
+            }};
+  // Gather(Dequant(raw), idx) -> Dequant(Gather(raw, idx)): unpack only the rows looked up.
+  Pattern gather = op(Op::Gather, {dequant("raw"), any("idx")});
+  Rule swap{"Gather(Dequant) -> Dequant(Gather)", gather, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              const Node& w = gg.node(m["w"].node);
+              std::string name = w.name;
+              int64_t rows = gg.gather(m["raw"], m["idx"]);
+              Shape shape = gg.node(m.root).shape;
+              return gg.custom(name, {Edge{rows, View::contiguous(gg.node(rows).shape)}}, shape, DType::F32);
+            }};
+  return apply_rules(g, {fuse, swap});
+}
+
 // QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights:
 // the activations are quantised once and the threads split one range of rows instead of several. The consumers
 // read their columns of the stacked output through rebased views.
@@ -249,47 +290,6 @@ size_t stack_qmatmuls(Graph& g) {
     count += 1;
   }
   return count;
-}
-
-}  // namespace
-
-size_t lower_quantized(Graph& g) {
-  // MatMul(a, Dequant(raw)) where the weight is read as W[n, k] and the activations are plain float32 rows.
-  Pattern mm = op(Op::Custom, {any("a"), any("w_edge")});
-  mm.custom = "MatMul";
-  Rule fuse{"MatMul(a, Dequant(raw)) -> QMatMul", mm, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
-              const Edge &a = m["a"], &we = m["w_edge"];
-              const Node& wn = gg.node(we.node);
-              const Format* f = wn.op == Op::Custom ? format_of(wn.name, "Dequant") : nullptr;
-              if (!f || wn.shape.size() != 2 || gg.node(a.node).dtype != DType::F32) return std::nullopt;
-              const View &va = a.view, &vw = we.view;
-              size_t r = vw.rank();
-              // Activations: rows of k read with stride 1, the same row for every n.
-              if (r < 2 || va.has_mask() || vw.has_mask() || va.strides[r - 1] != Expr(1) ||
-                  va.strides[r - 2] != Expr(0))
-                return std::nullopt;
-              // The weight view must be W[n, k] broadcast over everything else.
-              if (vw.offset != Expr(0) || vw.strides[r - 1] != Expr(1) || vw.strides[r - 2] != wn.shape[1] ||
-                  vw.shape[r - 2] != wn.shape[0] || vw.shape[r - 1] != wn.shape[1])
-                return std::nullopt;
-              for (size_t d = 0; d + 2 < r; ++d)
-                if (vw.strides[d] != Expr(0)) return std::nullopt;
-              const Node& root = gg.node(m.root);
-              if (root.dtype != DType::F32) return std::nullopt;
-              Edge raw = wn.inputs[0];
-              Shape shape = root.shape;
-              return gg.custom(std::string("QMatMul") + f->name, {a, raw}, shape, DType::F32);
-            }};
-  // Gather(Dequant(raw), idx) -> Dequant(Gather(raw, idx)): unpack only the rows looked up.
-  Pattern gather = op(Op::Gather, {dequant("raw"), any("idx")});
-  Rule swap{"Gather(Dequant) -> Dequant(Gather)", gather, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
-              const Node& w = gg.node(m["w"].node);
-              std::string name = w.name;
-              int64_t rows = gg.gather(m["raw"], m["idx"]);
-              Shape shape = gg.node(m.root).shape;
-              return gg.custom(name, {Edge{rows, View::contiguous(gg.node(rows).shape)}}, shape, DType::F32);
-            }};
-  return apply_rules(g, {fuse, swap}) + stack_qmatmuls(g);
 }
 
 }  // namespace luminal
