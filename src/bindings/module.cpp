@@ -14,6 +14,7 @@ using namespace luminal;
 
 namespace luminal {
 void bind_compiler(py::module_& m);  // compiler_bindings.cpp
+void bind_cuda(py::module_& m);      // cuda_bindings.cpp
 }
 
 
@@ -243,5 +244,6 @@ PYBIND11_MODULE(_core, m) {
   }, "Run the graph's Output nodes with the reference executor; returns {output id: array}.");
 
   bind_compiler(m);
+  bind_cuda(m);
 
 }
