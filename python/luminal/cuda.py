@@ -103,7 +103,7 @@ class _Runtime:
         if want != node_dtype.name:  # a float32 input kept in the compute dtype
             arr = arr.astype(np.float32)
             arr = dt.bf16_bits(arr) if want == "bfloat16" else arr.astype(dt.dtype(want).np)
-        dev = _core.cuda_upload(np.ascontiguousarray(arr), want)
+        dev = _core.cuda_upload(np.require(arr, requirements="C"), want)  # keeps 0-d arrays 0-d
         self.uploaded[nid] = (value, dev)
         return dev
 

@@ -7,9 +7,8 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
+#include <cstring>
 #include <mutex>
-#include <sstream>
 
 namespace luminal {
 namespace cuda {
@@ -65,7 +64,8 @@ Nvrtc load_nvrtc() {
   if (slash != std::string::npos) {
     glob_t gl;
     if (glob((opened_nvrtc.substr(0, slash) + "/libnvrtc-builtins.so.*").c_str(), 0, nullptr, &gl) == 0) {
-      for (size_t i = 0; i < gl.gl_pathc; ++i) dlopen(gl.gl_pathv[i], RTLD_NOW | RTLD_GLOBAL);
+      for (size_t i = 0; i < gl.gl_pathc; ++i)
+        if (!std::strstr(gl.gl_pathv[i], ".alt.")) dlopen(gl.gl_pathv[i], RTLD_NOW | RTLD_LOCAL);
       globfree(&gl);
     }
   }
@@ -159,12 +159,29 @@ void make_dirs(const std::string& path) {
     if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
 }
 
+// iostreams are avoided in this backend: a host process may hold another libstdc++ whose locale facets do not match
+// the ones compiled in here (seen: a crash formatting an int inside a process that had imported torch).
 std::string numbered(const std::string& src) {
-  std::istringstream in(src);
-  std::ostringstream out;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) out << n << "\t" << line << "\n";
-  return out.str();
+  std::string out;
+  int n = 1;
+  size_t start = 0;
+  while (start < src.size()) {
+    size_t end = src.find('\n', start);
+    if (end == std::string::npos) end = src.size();
+    out += std::to_string(n++) + "\t" + src.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
+bool read_file(const std::string& path, std::string* out) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  char buf[1 << 16];
+  size_t k;
+  while ((k = std::fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, k);
+  std::fclose(f);
+  return !out->empty();
 }
 
 }  // namespace
@@ -239,13 +256,10 @@ std::string compile_cubin(const std::string& source, int arch, bool* cache_hit) 
                              std::to_string(nvrtc_version()));
   std::string dir = cache_dir(), path = dir + "/" + key + ".cubin";
   {
-    std::ifstream f(path, std::ios::binary);
-    if (f) {
-      std::string bin((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-      if (!bin.empty()) {
-        if (cache_hit) *cache_hit = true;
-        return bin;
-      }
+    std::string bin;
+    if (read_file(path, &bin)) {
+      if (cache_hit) *cache_hit = true;
+      return bin;
     }
   }
   if (cache_hit) *cache_hit = false;
@@ -273,11 +287,12 @@ std::string compile_cubin(const std::string& source, int arch, bool* cache_hit) 
   // Write to a temporary name and rename, so a concurrent reader never sees half a file.
   make_dirs(dir);
   std::string tmp = path + ".tmp" + std::to_string(getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f.write(bin.data(), std::streamsize(bin.size()));
-  }
-  std::rename(tmp.c_str(), path.c_str());
+  if (FILE* f = std::fopen(tmp.c_str(), "wb")) {
+    bool ok = std::fwrite(bin.data(), 1, bin.size(), f) == bin.size();
+    ok = std::fclose(f) == 0 && ok;
+    if (ok) std::rename(tmp.c_str(), path.c_str());
+    else std::remove(tmp.c_str());
+  }  // an unwritable cache only costs a recompile next time
   return bin;
 }
 

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <sstream>
 #include <stdexcept>
 
 namespace luminal {
@@ -91,6 +90,17 @@ std::string lit(double v, bool as_float) {
   if (s.find_first_of(".eE") == std::string::npos) s += ".0";
   return as_float ? "(float)" + s : s;
 }
+
+// A string builder (iostreams are avoided: see api.cpp's note on libstdc++ locale facets).
+struct Text {
+  std::string s;
+  Text& operator<<(const std::string& x) { s += x; return *this; }
+  Text& operator<<(const char* x) { s += x; return *this; }
+  Text& operator<<(char c) { s += c; return *this; }
+  Text& operator<<(int v) { s += std::to_string(v); return *this; }
+  Text& operator<<(long long v) { s += std::to_string(v); return *this; }
+  const std::string& str() const { return s; }
+};
 
 // Text that reads slots of a view.
 struct ViewText {
@@ -216,7 +226,7 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   std::string T = dbl ? "double" : "float";
   int R = st.views.empty() ? 0 : st.views[0].rank;
   std::vector<std::string> idx = names("i", 0, R);
-  std::ostringstream body;
+  Text body;
   for (size_t i = 0; i < prog.code.size(); ++i) {
     const Instr& in = prog.code[i];
     std::string r = "r" + std::to_string(i);
@@ -247,7 +257,7 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   }
   std::string res = "r" + std::to_string(prog.code.size() - 1);
   std::string st_fn = std::string("st_") + dtype_name(n.dtype);
-  std::ostringstream k;
+  Text k;
   k << "extern \"C\" __global__ void NAME" << params(int(n.inputs.size())) << " {\n";
   if (!reduce) {
     k << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n";
@@ -288,7 +298,7 @@ Step Generator::gather_step(const Node& n) {
   int Rt = tv.rank, Ri = iv.rank;
   DType ts = storage(n.inputs[0].node), is = storage(n.inputs[1].node);
   std::string T = is_int(ts) ? "double" : "float";
-  std::ostringstream k;
+  Text k;
   k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n"
     << "    i64 q_ = t;\n";
@@ -321,7 +331,7 @@ Step Generator::scatter_step(const Node& n) {
   int R = dv.rank, Ri = iv.rank;
   DType ss = storage(n.inputs[2].node), is = storage(n.inputs[1].node);
   std::string T = is_int(ss) ? "double" : "float";
-  std::ostringstream k;
+  Text k;
   // p[2]: index elements x row size, p[3]: row size (p[1] counts the copy's elements).
   k << "extern \"C\" __global__ void NAME" << params(3) << " {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[2]; t += (i64)gridDim.x * blockDim.x) {\n"
@@ -351,7 +361,7 @@ Step Generator::qmatmul_step(const Node& n, int bb) {
   const ViewSlot &av = st.views[0], &wv = st.views[1];
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
-  std::ostringstream k;
+  Text k;
   k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
     << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
     << "  const u8* w8 = (const u8*)in1;\n"
@@ -394,7 +404,7 @@ Step Generator::dequant_step(const Node& n, int bb) {
   st.block_bytes = bb;
   const ViewSlot& v = st.views[0];
   int R = v.rank;
-  std::ostringstream k;
+  Text k;
   k << "extern \"C\" __global__ void NAME" << params(1) << " {\n"
     << "  const u8* w8 = (const u8*)in0;\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n"
