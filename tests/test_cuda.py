@@ -90,7 +90,8 @@ def test_codegen_without_a_gpu_covers_every_op(rng):
     sched = c.schedule
     assert g._runtime is None  # nothing to run on
     assert len(sched.kernels()) >= 4 and not sched.host_steps()
-    assert sched.storage_dtype(x.id) == "float16" and sched.storage_dtype(idx.id) == "int32"
+    assert sched.storage_dtype(x.id) == "float16" and sched.storage_dtype(idx.id) == "int32"  # x: a matmul operand
+    assert sched.storage_dtype(w.id) == "bfloat16"  # not a float32 input: stays as it is
     for arch in (80, 90):
         assert lm.cuda.compile_source(sched.source, arch)[:4] == b"\x7fELF"
     del y, z, e
@@ -132,19 +133,86 @@ def test_outputs_stay_on_the_device_until_read_and_feed_back(rng):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_compute_dtype_rounds_float32_inputs_once(dtype, rng):
+def test_compute_dtype_keeps_weights_in_it(dtype, rng):
     g = lm.Graph()
-    x = g.tensor((64,), name="x")
-    y = (x * 1).output()  # identities fold away: a plain copy of the stored input
+    x = g.tensor((3, 64), name="x")
+    w = g.tensor((5, 64), name="w")
+    y = ((x * 2) @ w.T).output()  # x feeds a multiplication, not the matmul: not a weight
     z = (x + 0.5).output()
     g.compile(lm.GenericCompiler(), c := lm.CudaCompiler(dtype))
-    assert c.schedule.storage_dtype(x.id) == dtype
-    a = rng.data((64,)).astype(np.float32)
+    assert c.schedule.storage_dtype(w.id) == dtype  # a weight: rounded once, when uploaded
+    assert c.schedule.storage_dtype(x.id) == "float32"  # anything else keeps its dtype
+    a, b = rng.data((3, 64)).astype(np.float32), rng.data((5, 64)).astype(np.float32)
     x.set(a)
+    w.set(b)
     g.execute()
     from helpers import as_dtype
 
-    want = as_dtype(a, dtype).astype(np.float32)
-    assert y.numpy().dtype == np.float32
-    np.testing.assert_array_equal(y.numpy(), want)
-    np.testing.assert_allclose(z.numpy(), want + 0.5, rtol=1e-6)
+    want = 2 * a.astype(np.float64) @ as_dtype(b, dtype).astype(np.float64).T
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(z.numpy(), a + np.float32(0.5))
+
+
+# ---- quantised weights on every backend (QMatMul and Dequant kernels; no model file needed) ---------------------------
+def _random_blocks(gen, qtype, rows, cols):
+    """Random raw GGUF rows and their float32 values (numpy's dequantisation)."""
+    nb = cols // 32
+    d = gen.uniform(0.01, 0.1, (rows, nb)).astype(np.float16)
+    if qtype == "Q8_0":
+        q = gen.integers(-127, 128, (rows, nb, 32)).astype(np.int8)
+        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1)
+        vals = d.astype(np.float32)[..., None] * q.astype(np.float32)
+    else:
+        q = gen.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
+        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+        if qtype == "Q4_0":
+            raw = np.concatenate([d[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * (q.astype(np.float32) - 8)
+        else:
+            m = gen.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
+            raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
+    return raw.reshape(rows, -1), vals.reshape(rows, cols)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_quantized_matmul_and_embedding(backend, qtype, tokens, rng):
+    from helpers import run_full  # noqa: F401 (skips like the parity suite when the backend cannot run)
+    from luminal.quant import QuantizedWeight, dequantize
+
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    raw, vals = _random_blocks(rng.gen, qtype, 48, 96)
+    x = rng.data((tokens, 96)).astype(np.float32)
+    idx = rng.integers(0, 48, (4,))
+    g = lm.Graph()
+    w = dequantize(g, QuantizedWeight(raw, qtype, (48, 96)))
+    xt = g.tensor((tokens, 96), name="x").set(x)
+    it = g.tensor((4,), lm.int32, name="idx").set(idx)
+    y = (xt @ w.T).output()
+    e = w[it].output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ vals.T, rtol=1e-4, atol=1e-4, err_msg=repr(rng))
+    np.testing.assert_array_equal(e.numpy(), vals[idx])
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [96, 72])  # a multiple of 32 (16-byte staging loads) and not
+def test_tensor_core_matmul_rounds_operands_to_the_compute_dtype(dtype, k, rng):
+    from helpers import as_dtype
+
+    g = lm.Graph()
+    x = g.tensor((2, 70, k), name="x")
+    w = g.tensor((100, k), name="w")
+    y = (x * 1.5 @ w.T).output()  # x * 1.5: an activation computed in float32, then fed to the matmul
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype))
+    a, b = rng.data((2, 70, k)).astype(np.float32), rng.data((100, k)).astype(np.float32)
+    x.set(a)
+    w.set(b)
+    g.execute()
+    want = as_dtype(a * np.float32(1.5), dtype).astype(np.float64) @ as_dtype(b, dtype).astype(np.float64).T
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-3, err_msg=repr(rng))

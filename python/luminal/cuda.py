@@ -2,11 +2,14 @@
 MatMul, QMatMul/Dequant, fused register programs), compiles them with NVRTC for the GPU in this machine, and runs
 them through the driver API. libcuda and NVRTC are opened at run time, so this module imports anywhere.
 
-`dtype` is the float type float32 *inputs* (weights, caches, activations you set) are kept in on the GPU: each is
-rounded to it once, when uploaded, and kernels widen it on load. Everything the graph computes keeps its own dtype;
-kernels compute in float32 registers (float64 where int32 values need exactness) and round every step to its
-node's dtype, as the reference executor does. With dtype=float32 the GPU computes what the reference computes, up
-to the rounding of the transcendental functions and of the order of summation.
+`dtype` is the float type the *weights* are kept in on the GPU: a float32 input that a matmul multiplies by or a
+gather reads rows of (linear and embedding weights) is rounded to `dtype` once, when uploaded, and kernels widen it
+on load, so decoding reads half the bytes. Other inputs (KV caches, RoPE tables, activations you set) and everything
+the graph computes keep their own dtype; kernels compute in float32 registers (float64 where int32 values need
+exactness) and round every step to its node's dtype, as the reference executor does. One exception: with a 16-bit
+`dtype`, a matrix product over 16 or more rows (prefill, attention over a prompt) runs on tensor cores, which round
+both operands to `dtype` (float32 accumulators), as torch does in that dtype. With dtype=float32 the GPU
+computes what the reference computes, up to the rounding of the transcendental functions and the order of sums.
 
 Data stays on the GPU: inputs are uploaded when set (not again while unchanged), outputs are `luminal.DeviceArray`s
 copied to the host only when read (`Tensor.numpy()`), and a DeviceArray given to `Tensor.set` is used in place (how
@@ -51,6 +54,15 @@ def cuda_available() -> tuple[bool, str]:
     if reason:
         return False, reason
     return True, _core.cuda_device()["name"]
+
+
+def from_torch(t) -> DeviceArray:
+    """A copy, on the device, of a contiguous torch CUDA tensor (no trip through the host); for Tensor.set."""
+    names = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+             "torch.int32": "int32", "torch.uint8": "uint8", "torch.bool": "bool"}
+    if not t.is_cuda or not t.is_contiguous() or str(t.dtype) not in names:
+        raise ValueError(f"from_torch needs a contiguous CUDA tensor of {', '.join(names)}; got {t.dtype} on {t.device}")
+    return _core.cuda_copy_from_device(t.data_ptr(), list(t.shape), names[str(t.dtype)])
 
 
 def generate_sources(graph, dtype="float32") -> str:

@@ -102,6 +102,15 @@ void bind_cuda(py::module_& m) {
     return upload(c.data(), d, shape);
   });
 
+  m.def("cuda_copy_from_device", [](uintptr_t ptr, const std::vector<int64_t>& shape, const std::string& dtype) {
+    DeviceArray a;
+    a.dtype = dtype_from_name(dtype);
+    a.shape = shape;
+    a.buf = device_alloc(a.nbytes());
+    if (a.nbytes()) check(driver().cuMemcpyDtoD(a.buf->ptr, CUdeviceptr(ptr), a.nbytes()), "cuMemcpyDtoD");
+    return a;
+  }, "A device copy of `shape` elements of `dtype` at a device address of this process's context.");
+
   py::class_<Runtime>(m, "CudaRuntime")
       .def(py::init([](const Graph& g, const Schedule& s) { return new Runtime(g, s); }))
       .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims) {

@@ -66,6 +66,22 @@ template <class T> __device__ __forceinline__ T op_max(T acc, T x) { return (isn
 // The first failing check wins: node id * 4 + code (1: a padded view read outside its buffer, 2: a gather index,
 // 3: a scatter index out of range).
 __device__ __forceinline__ void fail(int* err, const i64* p, int code) { atomicCAS(err, 0, (int)(p[0] * 4 + code)); }
+// Eight consecutive elements from a 16-byte-aligned address (float32: two 16-byte loads).
+__device__ __forceinline__ void ld8_float32(const void* b, i64 o, float* x) {
+  const float4* q = (const float4*)((const float*)b + o);
+  float4 u = q[0], v = q[1];
+  x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+}
+__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) {
+  uint4 u = *(const uint4*)((const u16*)b + o);
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int j = 0; j < 4; ++j) { x[2 * j] = f16_f32((u16)(w[j] & 0xffff)); x[2 * j + 1] = f16_f32((u16)(w[j] >> 16)); }
+}
+__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) {
+  uint4 u = *(const uint4*)((const u16*)b + o);
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int j = 0; j < 4; ++j) { x[2 * j] = __uint_as_float(w[j] << 16); x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u); }
+}
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -137,13 +153,13 @@ std::string load(const ViewSlot& s, const std::vector<std::string>& idx, const s
 
 // Declares i<from>..i<to-1> by unravelling `flat` over the view's shape (dims from..to-1, row-major).
 std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat, const std::string& prefix = "i") {
+  if (from >= to) return "";
   ViewText v{s};
   std::string out = "    i64 r_ = " + flat + ";\n";
   for (int d = to - 1; d >= from; --d) {
     if (d == from) out += "    i64 " + prefix + std::to_string(d) + " = r_;\n";
     else out += "    i64 " + prefix + std::to_string(d) + " = r_ % " + v.shape(d) + "; r_ /= " + v.shape(d) + ";\n";
   }
-  if (from >= to) out += "    (void)r_;\n";
   return out;
 }
 
@@ -206,15 +222,16 @@ class Generator {
     return s;
   }
 
-  std::string program_kernel(const Program& prog, const Step& st, const Node& n);
+  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
   Step program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm = {});
   Step gather_step(const Node& n);
   Step scatter_step(const Node& n);
   Step qmatmul_step(const Node& n, int block_bytes);
+  void matmul_fast_kernels(const Node& n, Step& st);
   Step dequant_step(const Node& n, int block_bytes);
 };
 
-std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n) {
+std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
   bool reduce = prog.reduce != Op::Input;
   // Registers are float unless a value may be an integer float cannot hold exactly.
   bool dbl = is_int(n.dtype);
@@ -265,17 +282,31 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
     k << body.str() << "    " << st_fn << "(out, t, " << res << ");\n  }\n}\n";
     return k.str();
   }
-  // One warp per output row: lanes stride over the reduced (last) axis, then combine by shuffles.
   bool sum = prog.reduce == Op::SumReduce;
   std::string init = sum ? "(" + T + ")0" : lit(-INFINITY, !dbl);
+  std::string combine = sum ? "acc + " + res : "op_max(acc, " + res + ")", wred = sum ? "warp_sum(acc)" : "warp_max(acc)";
+  if (block_per_row) {
+    // A block of 256 per output row (few long rows, e.g. RMSNorm in decode): warps combine through shared memory.
+    k << "  __shared__ " << T << " part[8];\n  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+      << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
+    if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
+    k << "    " << T << " acc = " << init << ";\n"
+      << "    for (i64 i" << R - 1 << " = threadIdx.x; i" << R - 1 << " < p[2]; i" << R - 1 << " += blockDim.x) {\n"
+      << body.str() << "    acc = " << combine << ";\n    }\n"
+      << "    acc = " << wred << ";\n    if (lane == 0) part[w] = acc;\n    __syncthreads();\n"
+      << "    if (w == 0) {\n      acc = lane < 8 ? part[lane] : " << init << ";\n      acc = " << wred << ";\n"
+      << "      if (lane == 0) " << st_fn << "(out, row, acc);\n    }\n    __syncthreads();\n  }\n}\n";
+    return k.str();
+  }
+  // One warp per output row: lanes stride over the reduced (last) axis, then combine by shuffles.
   k << "  int lane = threadIdx.x & 31;\n"
     << "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
     << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n";
   if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
   k << "    " << T << " acc = " << init << ";\n"
     << "    for (i64 i" << R - 1 << " = lane; i" << R - 1 << " < p[2]; i" << R - 1 << " += 32) {\n"
-    << body.str() << "    acc = " << (sum ? "acc + " + res : "op_max(acc, " + res + ")") << ";\n    }\n"
-    << "    acc = " << (sum ? "warp_sum(acc)" : "warp_max(acc)") << ";\n"
+    << body.str() << "    acc = " << combine << ";\n    }\n"
+    << "    acc = " << wred << ";\n"
     << "    if (lane == 0) " << st_fn << "(out, row, acc);\n  }\n}\n";
   return k.str();
 }
@@ -286,6 +317,7 @@ Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog,
   layout(st);
   st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
   st.fn = add_kernel(program_kernel(*prog, st, n));
+  if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
   st.program = std::move(prog);
   return st;
 }
@@ -348,6 +380,128 @@ Step Generator::scatter_step(const Node& n) {
     << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n  }\n}\n";
   st.second_fn = add_kernel(k.str());
   return st;
+}
+
+// The MatMul's faster kernels; both use the generic kernel's parameter slice (views 0 and 1 of rank R).
+void Generator::matmul_fast_kernels(const Node& n, Step& st) {
+  const ViewSlot &av = st.views[0], &bv = st.views[1];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
+  if (!is_float(as) || !is_float(bs) || !is_float(n.dtype) || av.masked || bv.masked || R < 1) return;
+  std::string od = dtype_name(n.dtype);
+  // Matrix-vector: a warp per output, each lane 8 elements (16 bytes of a 2-byte type) of both rows per step.
+  {
+    Text k;
+    std::vector<std::string> idx = names("i", 0, R - 1);
+    idx.push_back("0");
+    k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
+      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+      << unravel(av, 0, R - 1, "row")
+      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
+      << "    float acc = 0.0f;\n"
+      << "#pragma unroll 4\n"
+      << "    for (i64 k = lane * 8; k < p[2]; k += 256) {\n"
+      << "      float a[8], b[8];\n"
+      << "      ld8_" << dtype_name(as) << "(in0, oa + k, a);\n"
+      << "      ld8_" << dtype_name(bs) << "(in1, ob + k, b);\n"
+      << "      for (int j = 0; j < 8; ++j) acc += a[j] * b[j];\n    }\n"
+      << "    acc = warp_sum(acc);\n    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
+    st.gemv_fn = add_kernel(k.str());
+  }
+  if (R < 3) return;
+  // Tiled matrix product over [batch..., M, N, K] where a does not depend on n nor b on m: 64 x 64 outputs per
+  // block of 256 threads, 4 x 4 each, through shared-memory tiles of 16 along k (stored k-major).
+  Text k;
+  ViewText a{av}, b{bv};
+  std::vector<std::string> bidx = names("i", 0, R - 3);
+  auto off = [&](const ViewText& v, const std::string& m, const std::string& nn, const std::string& kk) {
+    std::vector<std::string> idx = bidx;
+    idx.push_back(m);
+    idx.push_back(nn);
+    idx.push_back(kk);
+    return v.offset(idx);
+  };
+  std::string M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
+  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
+    << "  __shared__ float As[16][68], Bs[16][68];\n"
+    << "  i64 M = " << M << ", N = " << N << ", K = " << K << ";\n"
+    << "  i64 m0 = (i64)blockIdx.y * 64, n0 = (i64)blockIdx.x * 64;\n"
+    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
+    << "  int t = threadIdx.x, ty = t >> 4, tx = t & 15, lr = t >> 2, lk = (t & 3) * 4;\n"
+    << "  float acc[4][4] = {};\n"
+    << "  for (i64 k0 = 0; k0 < K; k0 += 16) {\n"
+    << "    for (int j = 0; j < 4; ++j) {\n"
+    << "      i64 kk = k0 + lk + j, m = m0 + lr, nn = n0 + lr;\n"
+    << "      As[lk + j][lr] = (m < M && kk < K) ? (float)ld_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kk")
+    << ") : 0.0f;\n"
+    << "      Bs[lk + j][lr] = (nn < N && kk < K) ? (float)ld_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kk")
+    << ") : 0.0f;\n    }\n"
+    << "    __syncthreads();\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < 16; ++kk) {\n"
+    << "      float x[4], y[4];\n"
+    << "      for (int i = 0; i < 4; ++i) { x[i] = As[kk][ty * 4 + i]; y[i] = Bs[kk][tx * 4 + i]; }\n"
+    << "      for (int i = 0; i < 4; ++i)\n        for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];\n    }\n"
+    << "    __syncthreads();\n  }\n"
+    << "  for (int i = 0; i < 4; ++i)\n    for (int j = 0; j < 4; ++j) {\n"
+    << "      i64 m = m0 + ty * 4 + i, nn = n0 + tx * 4 + j;\n"
+    << "      if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j]);\n    }\n}\n";
+  st.gemm_fn = add_kernel(k.str());
+  if (compute_ != DType::BF16 && compute_ != DType::F16) return;
+  // Tensor cores: mma.sync m16n8k16 (bf16 or f16 operands, float32 accumulators). 64 x 64 outputs per block of 4
+  // warps (32 x 32 each), k in steps of 32 through shared memory (rows padded to 40 halves: no bank conflicts on the
+  // fragment loads). Each thread stages 16 consecutive k of one row of A and of B; p[3] == 1 says those rows are
+  // contiguous, 16-byte aligned and K is a multiple of 32, so they load 16 bytes at a time.
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  Text t;
+  t << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(2) << " {\n"
+    << "  __shared__ __align__(16) u16 As[64][40], Bs[64][40];\n"
+    << "  i64 M = " << M << ", N = " << N << ", K = " << K << ";\n"
+    << "  i64 m0 = (i64)blockIdx.y * 64, n0 = (i64)blockIdx.x * 64;\n"
+    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w >> 1, wn = w & 1;\n"
+    << "  int lr = tid >> 1, lk = (tid & 1) * 16, g = lane >> 2, q = (lane & 3) * 2;\n"
+    << "  float acc[2][4][4] = {};\n"
+    << "  for (i64 k0 = 0; k0 < K; k0 += 32) {\n"
+    << "    i64 m = m0 + lr, nn = n0 + lr, kb = k0 + lk;\n"
+    << "    float x[16], y[16];\n"
+    << "    if (p[3] == 1) {\n"
+    << "      if (m < M) { ld8_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kb") << ", x); ld8_" << dtype_name(as)
+    << "(in0, " << off(a, "m", "0", "kb") << " + 8, x + 8); } else for (int j = 0; j < 16; ++j) x[j] = 0.0f;\n"
+    << "      if (nn < N) { ld8_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kb") << ", y); ld8_" << dtype_name(bs)
+    << "(in1, " << off(b, "0", "nn", "kb") << " + 8, y + 8); } else for (int j = 0; j < 16; ++j) y[j] = 0.0f;\n"
+    << "    } else {\n"
+    << "      for (int j = 0; j < 16; ++j) {\n"
+    << "        i64 kk = kb + j;\n"
+    << "        x[j] = (m < M && kk < K) ? (float)ld_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kk") << ") : 0.0f;\n"
+    << "        y[j] = (nn < N && kk < K) ? (float)ld_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kk") << ") : 0.0f;\n"
+    << "      }\n    }\n"
+    << "    for (int j = 0; j < 16; ++j) { As[lr][lk + j] = " << cv << "(x[j]); Bs[lr][lk + j] = " << cv << "(y[j]); }\n"
+    << "    __syncthreads();\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < 32; kk += 16) {\n"
+    << "      unsigned af[2][4], bf[4][2];\n"
+    << "      for (int i = 0; i < 2; ++i) {\n"
+    << "        int r = wm * 32 + i * 16 + g;\n"
+    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
+    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
+    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
+    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
+    << "      for (int j = 0; j < 4; ++j) {\n"
+    << "        int c = wn * 32 + j * 8 + g;\n"
+    << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
+    << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
+    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
+    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), \"r\"(bf[j][1]));\n"
+    << "    }\n    __syncthreads();\n  }\n"
+    << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
+    << "        i64 m = m0 + wm * 32 + i * 16 + g + (e >> 1) * 8, nn = n0 + wn * 32 + j * 8 + q + (e & 1);\n"
+    << "        if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j][e]);\n      }\n}\n";
+  st.mma_fn = add_kernel(t.str());
 }
 
 // out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers; one warp per output.
@@ -447,9 +601,18 @@ Schedule Generator::run() {
   for (auto it = order.rbegin(); it != order.rend(); ++it)
     if (needed[*it])
       for (auto& e : g_.node(*it).inputs) needed[e.node] = 1;
+  // Weights (float32 inputs a matmul multiplies by, or a gather reads rows of) are kept in the compute dtype;
+  // other inputs (caches, activations, small tables such as RoPE frequencies) stay as they are.
+  std::vector<char> weight(g_.size(), 0);
   for (int64_t id : order) {
     const Node& n = g_.node(id);
-    sched_.storage[id] = n.op == Op::Input && n.dtype == DType::F32 ? compute_ : n.dtype;
+    bool mm = n.op == Op::Custom && n.name == "MatMul";
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
+  }
+  for (int64_t id : order) {
+    const Node& n = g_.node(id);
+    sched_.storage[id] = n.op == Op::Input && n.dtype == DType::F32 && weight[id] ? compute_ : n.dtype;
     if (!needed[id]) continue;
     Step st{Step::Host, id};
     switch (n.op) {
@@ -518,6 +681,7 @@ Schedule Generator::run() {
           prog->code.push_back(mul);
           prog->reduce = Op::SumReduce;
           st = program_step(n, prog);
+          matmul_fast_kernels(n, st);
         } else if ((bb = block_bytes_of(n.name, "QMatMul"))) {
           st = qmatmul_step(n, bb);
         } else if ((bb = block_bytes_of(n.name, "Dequant"))) {

@@ -35,6 +35,12 @@ struct Step {
   enum Launch { PerElement, PerRow, PerBlock32, Scatter } launch = PerElement;
   std::shared_ptr<const Program> program;  // Kernel from a program: the program (for Scatter: the copy of dest)
   std::string second_fn;          // Scatter: the kernel writing the rows after the copy
+  // MatMul: faster kernels the runtime picks when the evaluated views allow (see runtime.cpp): a matrix-vector
+  // kernel with 16-byte loads (contiguous, aligned rows) and a shared-memory tiled matrix product (rows that share
+  // the weights, i.e. prefill).
+  std::string gemv_fn, gemm_fn;
+  std::string block_fn;           // a reduction: the block-per-row kernel (for few, long rows)
+  std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
 };
 

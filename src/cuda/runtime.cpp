@@ -1,6 +1,10 @@
 #include "cuda/runtime.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -72,19 +76,6 @@ int64_t numel_of(const std::vector<int64_t>& s) {
   return n;
 }
 
-ConcreteView permuted(const ConcreteView& v, const std::vector<int>& perm) {
-  if (perm.empty()) return v;
-  ConcreteView p = v;
-  for (size_t d = 0; d < perm.size(); ++d) {
-    p.shape[d] = v.shape[perm[d]];
-    p.strides[d] = v.strides[perm[d]];
-    if (v.masked) {
-      p.lo[d] = v.lo[perm[d]];
-      p.hi[d] = v.hi[perm[d]];
-    }
-  }
-  return p;
-}
 
 // Conversion kernels between dtypes, compiled on first use.
 CUfunction convert_fn(DType from, DType to) {
@@ -166,15 +157,43 @@ struct Runtime::Plan {
   std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
   std::vector<int64_t> items;               // per step: work items (elements, rows, blocks)
   std::vector<int64_t> items2;              // per step: Scatter's second kernel
+  std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
+  std::vector<std::array<unsigned, 3>> grid;  // per step: the tiled kernel's grid
 };
+
+namespace {
+// Which MatMul kernel these evaluated views allow (see Step::gemv_fn / gemm_fn).
+int matmul_variant(const Step& st, const std::vector<ConcreteView>& cv, int64_t out_n, std::array<unsigned, 3>& grid,
+                   bool& vec16) {
+  const ConcreteView &a = cv[0], &b = cv[1];
+  size_t r = a.shape.size();
+  if (st.gemv_fn.empty() || a.masked || b.masked || out_n == 0) return 0;
+  // Rows of k contiguous and every row start 8-element (16-byte or more) aligned: buffers are 256-byte aligned.
+  bool aligned = a.shape[r - 1] % 8 == 0 && a.strides[r - 1] == 1 && b.strides[r - 1] == 1 && a.offset % 8 == 0 &&
+                 b.offset % 8 == 0;
+  for (size_t d = 0; d + 1 < r; ++d)
+    if (a.strides[d] % 8 || b.strides[d] % 8) aligned = false;
+  if (!st.gemm_fn.empty() && r >= 3 && a.strides[r - 2] == 0 && b.strides[r - 3] == 0 && a.shape[r - 3] >= 16) {
+    int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
+    if (batch <= 65535 && (M + 63) / 64 <= 65535) {
+      grid = {unsigned((N + 63) / 64), unsigned((M + 63) / 64), unsigned(batch)};
+      if (st.mma_fn.empty()) return 2;
+      vec16 = aligned && a.shape[r - 1] % 32 == 0;
+      return 3;
+    }
+  }
+  return aligned ? 1 : 0;
+}
+}  // namespace
 
 Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
   const Device& dev = device();
+  sms_ = dev.sms;
   set_context();
   std::string cubin = compile_cubin(s_.source, dev.major * 10 + dev.minor);
   check(driver().cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
   for (auto& st : s_.steps) {
-    for (const std::string* name : {&st.fn, &st.second_fn}) {
+    for (const std::string* name : {&st.fn, &st.second_fn, &st.gemv_fn, &st.gemm_fn, &st.mma_fn, &st.block_fn}) {
       if (name->empty() || fns_.count(*name)) continue;
       CUfunction f;
       check(driver().cuModuleGetFunction(&f, module_, name->c_str()), "cuModuleGetFunction", *name);
@@ -187,8 +206,39 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
       constants_[st.node] = upload(&v, n.dtype, {});
     }
   }
+  // Symbolic numbers of every shape and view, evaluated per plan.
+  shape_nums_.resize(g_.size());
+  for (auto& st : s_.steps) {
+    const Node& n = g_.node(st.node);
+    for (auto& e : n.shape) shape_nums_[st.node].push_back(num(e));
+    std::vector<SymView> views;
+    for (auto& vs : st.views) {
+      const View& v = n.inputs[vs.edge].view;
+      SymView sv;
+      sv.offset = num(v.offset);
+      sv.masked = v.has_mask();
+      for (size_t d = 0; d < v.rank(); ++d) {
+        size_t src = vs.perm.empty() ? d : size_t(vs.perm[d]);
+        sv.shape.push_back(num(v.shape[src]));
+        sv.strides.push_back(num(v.strides[src]));
+        if (sv.masked) {
+          sv.lo.push_back(num(v.mask[src].first));
+          sv.hi.push_back(num(v.mask[src].second));
+        }
+      }
+      views.push_back(std::move(sv));
+    }
+    step_views_.push_back(std::move(views));
+  }
   err_ = device_alloc(sizeof(int));
   check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
+}
+
+Runtime::Num Runtime::num(const Expr& e) {
+  Num n;
+  if (e.is_const()) n.value = e.as_const();
+  else n.expr = &e;  // points into g_, which the runtime owns and never changes
+  return n;
 }
 
 void Runtime::build_plan(const Bindings& dims) {
@@ -202,9 +252,10 @@ void Runtime::build_plan(const Bindings& dims) {
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     const Node& n = g_.node(st.node);
-    for (auto& e : n.shape) {
-      int64_t v = e.eval(dims);
-      if (v < 0) throw std::invalid_argument("dimension " + e.str() + " evaluates to a negative size " + std::to_string(v));
+    for (size_t d = 0; d < n.shape.size(); ++d) {
+      int64_t v = shape_nums_[st.node][d].eval(dims);
+      if (v < 0)
+        throw std::invalid_argument("dimension " + n.shape[d].str() + " evaluates to a negative size " + std::to_string(v));
       plan->shapes[st.node].push_back(v);
     }
     for (auto& e : n.inputs) last_use[e.node] = int64_t(i);
@@ -220,6 +271,8 @@ void Runtime::build_plan(const Bindings& dims) {
     plan->slot.push_back(plan->params.size());
     plan->items.push_back(0);
     plan->items2.push_back(0);
+    plan->variant.push_back(0);
+    plan->grid.push_back({1, 1, 1});
     if (st.kind == Step::Iota) {
       int64_t len = plan->shapes[st.node][0];
       std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
@@ -234,9 +287,23 @@ void Runtime::build_plan(const Bindings& dims) {
     std::vector<int64_t> p(st.nparams, 0);
     p[0] = st.node;
     std::vector<ConcreteView> cv;
-    for (auto& vs : st.views) {
+    for (size_t k = 0; k < st.views.size(); ++k) {
+      const ViewSlot& vs = st.views[k];
+      const SymView& sv = step_views_[i][k];
       const Edge& e = n.inputs[vs.edge];
-      ConcreteView v = permuted(ConcreteView(e.view, dims), vs.perm);
+      static const View no_view;
+      static const Bindings no_dims;
+      ConcreteView v(no_view, no_dims);
+      v.offset = sv.offset.eval(dims);
+      v.masked = sv.masked;
+      for (int d = 0; d < vs.rank; ++d) {
+        v.shape.push_back(sv.shape[d].eval(dims));
+        v.strides.push_back(sv.strides[d].eval(dims));
+        if (sv.masked) {
+          v.lo.push_back(sv.lo[d].eval(dims));
+          v.hi.push_back(sv.hi[d].eval(dims));
+        }
+      }
       int64_t size = 1;
       for (auto d : plan->shapes[e.node]) size *= d;
       if (g_.node(e.node).op == Op::Constant) size = 1;
@@ -281,8 +348,18 @@ void Runtime::build_plan(const Bindings& dims) {
     } else if (st.program && st.program->reduce != Op::Input) {
       p[2] = cv[0].shape.back();
       plan->items.back() = out_n;
+      // Few long rows: a block per row keeps the machine busy (a warp per row would use a few SMs).
+      if (!st.block_fn.empty() && out_n < int64_t(sms_) * 8 && p[2] >= 512) {
+        plan->variant.back() = 4;
+        plan->grid.back() = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
+      }
     } else {
       plan->items.back() = out_n;
+    }
+    if (!st.gemv_fn.empty()) {
+      bool vec16 = false;
+      plan->variant.back() = matmul_variant(st, cv, out_n, plan->grid.back(), vec16);
+      p[3] = vec16;  // the mma kernel's 16-byte staging loads
     }
     if (!st.second_fn.empty()) {  // Scatter: rows of the index
       int64_t row = out_n / std::max<int64_t>(1, plan->shapes[st.node].empty() ? 1 : plan->shapes[st.node][0]);
@@ -303,15 +380,15 @@ void Runtime::build_plan(const Bindings& dims) {
     bool buffer = st.kind == Step::Kernel || st.kind == Step::Iota || st.kind == Step::Host;
     if (!buffer || plan->fresh[st.node]) continue;
     size_t bytes = (size_t(numel_of(plan->shapes[st.node])) * dtype_size(s_.storage[st.node]) + 255) / 256 * 256;
-    std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) { return a.off < b.off; });
-    size_t off = 0;
-    for (auto& l : live) {
-      if (off + bytes <= l.off) break;
-      off = std::max(off, l.off + l.bytes);
+    size_t off = 0;  // `live` is kept sorted by offset
+    auto pos = live.begin();
+    for (; pos != live.end(); ++pos) {
+      if (off + bytes <= pos->off) break;
+      off = std::max(off, pos->off + pos->bytes);
     }
     plan->offset[st.node] = int64_t(off);
     plan->arena_bytes = std::max(plan->arena_bytes, off + bytes);
-    live.push_back({off, bytes, std::max<int64_t>(last_use[st.node], int64_t(i))});
+    live.insert(pos, {off, bytes, std::max<int64_t>(last_use[st.node], int64_t(i))});
   }
   size_t pbytes = std::max<size_t>(plan->params.size(), 1) * sizeof(int64_t);
   if (!params_ || params_->bytes < pbytes) params_ = device_alloc(pbytes);
@@ -325,31 +402,48 @@ void Runtime::build_plan(const Bindings& dims) {
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
-                     const std::vector<CUdeviceptr>& ptrs) {
+                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
   if (items <= 0) return;
   CUdeviceptr p = params_->ptr + slot * sizeof(int64_t), e = err_->ptr;
-  std::vector<void*> args = {&p, &e};
-  std::vector<CUdeviceptr> copy = ptrs;
-  for (auto& x : copy) args.push_back(&x);
-  unsigned grid = grid_for(per_row ? items * 32 : items);
-  const Node& n = g_.node(node);
-  std::string what = fn + " for node " + std::to_string(node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")";
-  check(driver().cuLaunchKernel(fns_.at(fn), grid, 1, 1, 256, 1, 1, 0, nullptr, args.data(), nullptr), "cuLaunchKernel",
-        what);
+  void* small[16];
+  std::vector<void*> big;
+  void** args = small;
+  if (ptrs.size() + 2 > 16) {
+    big.resize(ptrs.size() + 2);
+    args = big.data();
+  }
+  args[0] = &p;
+  args[1] = &e;
+  for (size_t k = 0; k < ptrs.size(); ++k) args[k + 2] = const_cast<CUdeviceptr*>(&ptrs[k]);
+  int64_t threads_needed = per_row ? items * 32 : items;
+  unsigned g[3] = {unsigned(std::max<int64_t>(1, std::min<int64_t>((threads_needed + 255) / 256, int64_t(sms_) * 32))), 1, 1};
+  if (grid3) std::copy(grid3, grid3 + 3, g);
+  CUresult r = driver().cuLaunchKernel(fns_.at(fn), g[0], g[1], g[2], threads, 1, 1, 0, nullptr, args, nullptr);
+  if (r) {
+    const Node& n = g_.node(node);
+    check(r, "cuLaunchKernel", fn + " for node " + std::to_string(node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
+  }
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
                                                       const Bindings& dims) {
   set_context();
+  // LUMINAL_PROFILE=1: synchronise after every step and print the time per op kind (and planning) to stderr.
+  const bool profile = std::getenv("LUMINAL_PROFILE") != nullptr;  // read per run: cheap, and may change
+  using clock = std::chrono::steady_clock;
+  std::map<std::string, std::pair<double, int>> prof;
+  auto t_run = clock::now();
   if (!plan_ || plan_->dims != dims) build_plan(dims);
+  if (profile) prof["(plan)"] = {std::chrono::duration<double>(clock::now() - t_run).count(), 1};
   const Plan& plan = *plan_;
-  std::unordered_map<int64_t, CUdeviceptr> ptr;
+  std::vector<CUdeviceptr> ptr(g_.size(), 0);
   std::unordered_map<int64_t, DeviceArray> owned;  // fresh allocations, inputs and constants
   std::unordered_map<int64_t, DeviceArray> results;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     const Node& n = g_.node(st.node);
     int64_t id = st.node;
+    auto t_step = clock::now();
     auto out_ptr = [&]() -> CUdeviceptr {
       if (plan.offset[id] >= 0) return arena_->ptr + plan.offset[id];
       DeviceArray a;
@@ -389,10 +483,14 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       }
       case Step::Kernel: {
         ptr[id] = out_ptr();
-        std::vector<CUdeviceptr> ptrs = {ptr[id]};
-        for (auto& e : n.inputs) ptrs.push_back(ptr.at(e.node));
+        std::vector<CUdeviceptr>& ptrs = scratch_ptrs_;
+        ptrs.assign(1, ptr[id]);
+        for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
         bool per_row = st.launch == Step::PerRow;
-        launch(st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
+        if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
+        else if (plan.variant[i] == 3) launch(st.mma_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), 128);
+        else if (plan.variant[i] == 2) launch(st.gemm_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
+        else launch(plan.variant[i] == 1 ? st.gemv_fn : st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
         if (!st.second_fn.empty()) launch(st.second_fn, id, plan.slot[i], plan.items2[i], false, ptrs);
         break;
       }
@@ -406,7 +504,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           Buffer b = Buffer::alloc(s_.storage[e.node], plan.shapes[e.node]);
           int64_t cnt = b.numel();
           if (g_.node(e.node).op == Op::Constant) cnt = 1;
-          if (cnt) check(driver().cuMemcpyDtoH(b.data.get(), ptr.at(e.node), size_t(cnt) * dtype_size(b.dtype)), "cuMemcpyDtoH");
+          if (cnt) check(driver().cuMemcpyDtoH(b.data.get(), ptr[e.node], size_t(cnt) * dtype_size(b.dtype)), "cuMemcpyDtoH");
           DType want = g_.node(e.node).dtype;
           if (b.dtype != want) {
             Buffer c = Buffer::alloc(want, b.shape);
@@ -426,6 +524,20 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       }
     }
     if (n.op == Op::Output && st.kind == Step::Kernel) results[id] = owned.at(id);
+    if (profile && st.kind != Step::Input && st.kind != Step::Constant && st.kind != Step::Alias) {
+      check(driver().cuCtxSynchronize(), "cuCtxSynchronize", n.op == Op::Custom ? n.name : op_name(n.op));
+      std::string key = n.op == Op::Custom ? n.name : op_name(n.op);
+      const char* variants[] = {"", "/gemv", "/tiled", "/mma", "/block"};
+      if (st.kind == Step::Kernel) key += variants[plan.variant[i]];
+      auto& e = prof[key];
+      e.first += std::chrono::duration<double>(clock::now() - t_step).count();
+      e.second += 1;
+    }
+  }
+  if (profile) {
+    for (auto& [k, v] : prof) std::fprintf(stderr, "%-16s %5d steps %9.3f ms\n", k.c_str(), v.second, v.first * 1e3);
+    std::fprintf(stderr, "%-16s %5zu steps %9.3f ms\n", "(run)", s_.steps.size(),
+                 std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
   }
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;

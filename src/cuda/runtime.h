@@ -47,9 +47,24 @@ class Runtime {
 
  private:
   struct Plan;
+  // A dimension or view number: a constant, or an expression over the dims evaluated per plan. Most are constants,
+  // so a new plan (every decode step: the cache length changes) evaluates only the few that are not.
+  struct Num {
+    int64_t value = 0;
+    const Expr* expr = nullptr;
+    int64_t eval(const Bindings& b) const { return expr ? expr->eval(b) : value; }
+  };
+  struct SymView {
+    Num offset;
+    std::vector<Num> shape, strides, lo, hi;
+    bool masked = false;
+  };
+  static Num num(const Expr& e);
+  std::vector<std::vector<Num>> shape_nums_;            // per node
+  std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
   void build_plan(const Bindings& dims);
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
-              const std::vector<CUdeviceptr>& ptrs);
+              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
 
   Graph g_;
   Schedule s_;
@@ -58,6 +73,8 @@ class Runtime {
   std::unordered_map<int64_t, DeviceArray> constants_;
   std::shared_ptr<Plan> plan_;
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
+  int sms_ = 1;
+  std::vector<CUdeviceptr> scratch_ptrs_;
 };
 
 }  // namespace cuda
