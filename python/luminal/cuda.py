@@ -102,6 +102,8 @@ class _Runtime:
         self.graph, self.schedule = graph, schedule
         self.rt = _core.CudaRuntime(graph._g, schedule)
         self.uploaded: dict[int, tuple[object, DeviceArray]] = {}  # input id -> (host array, its device copy)
+        g = graph._g
+        self.live_inputs = {i for i in g.topo_order() if g.node(i).op == "Input"}  # data for others is not sent
 
     def _device_input(self, nid: int, value) -> DeviceArray:
         want = self.schedule.storage_dtype(nid)
@@ -120,5 +122,5 @@ class _Runtime:
         return dev
 
     def run(self, data: dict, dims: dict) -> dict:
-        inputs = {nid: self._device_input(nid, v) for nid, v in data.items() if self.graph._g.node(nid).alive}
+        inputs = {nid: self._device_input(nid, v) for nid, v in data.items() if nid in self.live_inputs}
         return self.rt.run(inputs, dims)

@@ -230,6 +230,21 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     }
     step_views_.push_back(std::move(views));
   }
+  // A step is dynamic when a number of its views, or a size of its output or inputs, depends on the dims.
+  auto symbolic = [](const std::vector<Num>& v) {
+    for (auto& x : v)
+      if (x.expr) return true;
+    return false;
+  };
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Node& n = g_.node(s_.steps[i].node);
+    bool dyn = symbolic(shape_nums_[s_.steps[i].node]);
+    for (auto& e : n.inputs) dyn = dyn || symbolic(shape_nums_[e.node]);
+    for (auto& v : step_views_[i]) {
+      dyn = dyn || v.offset.expr || symbolic(v.shape) || symbolic(v.strides) || symbolic(v.lo) || symbolic(v.hi);
+    }
+    dynamic_.push_back(dyn);
+  }
   err_ = device_alloc(sizeof(int));
   check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
 }
@@ -242,6 +257,7 @@ Runtime::Num Runtime::num(const Expr& e) {
 }
 
 void Runtime::build_plan(const Bindings& dims) {
+  const Plan* old = plan_.get();
   auto plan = std::make_shared<Plan>();
   plan->dims = dims;
   size_t nn = g_.size();
@@ -284,6 +300,15 @@ void Runtime::build_plan(const Bindings& dims) {
       plan->iota[st.node] = std::move(host);
     }
     if (st.kind != Step::Kernel) continue;
+    if (old && !dynamic_[i]) {  // nothing of this step depends on the dims: the last plan's numbers stand
+      size_t from = old->slot[i];
+      plan->params.insert(plan->params.end(), old->params.begin() + from, old->params.begin() + from + st.nparams);
+      plan->items.back() = old->items[i];
+      plan->items2.back() = old->items2[i];
+      plan->variant.back() = old->variant[i];
+      plan->grid.back() = old->grid[i];
+      continue;
+    }
     std::vector<int64_t> p(st.nparams, 0);
     p[0] = st.node;
     std::vector<ConcreteView> cv;

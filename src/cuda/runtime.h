@@ -62,6 +62,7 @@ class Runtime {
   static Num num(const Expr& e);
   std::vector<std::vector<Num>> shape_nums_;            // per node
   std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
+  std::vector<char> dynamic_;                           // per step: its numbers depend on the dims
   void build_plan(const Bindings& dims);
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
