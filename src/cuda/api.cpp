@@ -112,6 +112,13 @@ Driver load_driver() {
   bind(h, d.cuMemGetInfo, "cuMemGetInfo_v2", L);
   bind(h, d.cuLaunchKernel, "cuLaunchKernel", L);
   bind(h, d.cuGetErrorName, "cuGetErrorName", L);
+  bind(h, d.cuGraphCreate, "cuGraphCreate", L);
+  bind(h, d.cuGraphAddKernelNode, "cuGraphAddKernelNode_v2", L);
+  bind(h, d.cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", L);
+  bind(h, d.cuGraphExecKernelNodeSetParams, "cuGraphExecKernelNodeSetParams_v2", L);
+  bind(h, d.cuGraphLaunch, "cuGraphLaunch", L);
+  bind(h, d.cuGraphExecDestroy, "cuGraphExecDestroy", L);
+  bind(h, d.cuGraphDestroy, "cuGraphDestroy", L);
   return d;
 }
 

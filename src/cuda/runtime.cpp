@@ -155,6 +155,7 @@ struct Runtime::Plan {
   std::vector<char> fresh;                  // per node: a new allocation per run (outputs and what they alias)
   size_t arena_bytes = 0;
   std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
+  std::unordered_map<int64_t, DeviceArray> iota_dev;        // ... uploaded once per plan (not aliased by an output)
   std::vector<int64_t> items;               // per step: work items (elements, rows, blocks)
   std::vector<int64_t> items2;              // per step: Scatter's second kernel
   std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
@@ -245,6 +246,7 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     }
     dynamic_.push_back(dyn);
   }
+  for (auto& st : s_.steps) has_host_steps_ = has_host_steps_ || st.kind == Step::Host;
   err_ = device_alloc(sizeof(int));
   check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
 }
@@ -297,6 +299,7 @@ void Runtime::build_plan(const Bindings& dims) {
         b["z"] = z;
         store_from_double(host.data(), z, n.dtype, double(n.expr.eval(b)));
       }
+      if (!plan->fresh[st.node]) plan->iota_dev[st.node] = upload(host.data(), n.dtype, plan->shapes[st.node]);
       plan->iota[st.node] = std::move(host);
     }
     if (st.kind != Step::Kernel) continue;
@@ -402,7 +405,7 @@ void Runtime::build_plan(const Bindings& dims) {
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < int64_t(i); }), live.end());
-    bool buffer = st.kind == Step::Kernel || st.kind == Step::Iota || st.kind == Step::Host;
+    bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
     if (!buffer || plan->fresh[st.node]) continue;
     size_t bytes = (size_t(numel_of(plan->shapes[st.node])) * dtype_size(s_.storage[st.node]) + 255) / 256 * 256;
     size_t off = 0;  // `live` is kept sorted by offset
@@ -428,26 +431,93 @@ void Runtime::build_plan(const Bindings& dims) {
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
                      const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
-  if (items <= 0) return;
-  CUdeviceptr p = params_->ptr + slot * sizeof(int64_t), e = err_->ptr;
+  if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
+  Launch l;
+  l.f = fns_.at(fn);
+  l.node = node;
+  l.threads = threads;
+  int64_t threads_needed = std::max<int64_t>(1, per_row ? items * 32 : items);
+  l.grid[0] = unsigned(std::min<int64_t>((threads_needed + 255) / 256, int64_t(sms_) * 32));
+  l.grid[1] = l.grid[2] = 1;
+  if (grid3)
+    for (int k = 0; k < 3; ++k) l.grid[k] = std::max(1u, grid3[k]);
+  l.args.reserve(ptrs.size() + 2);
+  l.args.push_back(params_->ptr + slot * sizeof(int64_t));
+  l.args.push_back(err_->ptr);
+  l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
+  if (graphs_on_) pending_.push_back(std::move(l));
+  else execute(l);
+}
+
+void Runtime::execute(const Launch& l) {
   void* small[16];
   std::vector<void*> big;
   void** args = small;
-  if (ptrs.size() + 2 > 16) {
-    big.resize(ptrs.size() + 2);
+  if (l.args.size() > 16) {
+    big.resize(l.args.size());
     args = big.data();
   }
-  args[0] = &p;
-  args[1] = &e;
-  for (size_t k = 0; k < ptrs.size(); ++k) args[k + 2] = const_cast<CUdeviceptr*>(&ptrs[k]);
-  int64_t threads_needed = per_row ? items * 32 : items;
-  unsigned g[3] = {unsigned(std::max<int64_t>(1, std::min<int64_t>((threads_needed + 255) / 256, int64_t(sms_) * 32))), 1, 1};
-  if (grid3) std::copy(grid3, grid3 + 3, g);
-  CUresult r = driver().cuLaunchKernel(fns_.at(fn), g[0], g[1], g[2], threads, 1, 1, 0, nullptr, args, nullptr);
+  for (size_t k = 0; k < l.args.size(); ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
+  CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, 0, nullptr, args, nullptr);
   if (r) {
-    const Node& n = g_.node(node);
-    check(r, "cuLaunchKernel", fn + " for node " + std::to_string(node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
+    const Node& n = g_.node(l.node);
+    check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
   }
+}
+
+namespace {
+KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, std::vector<void*>& argp,
+                             std::vector<CUdeviceptr>& args) {
+  argp.resize(args.size());
+  for (size_t k = 0; k < args.size(); ++k) argp[k] = &args[k];
+  KernelNodeParams p{};
+  p.func = f;
+  p.gridDimX = grid[0];
+  p.gridDimY = grid[1];
+  p.gridDimZ = grid[2];
+  p.blockDimX = threads;
+  p.blockDimY = p.blockDimZ = 1;
+  p.kernelParams = argp.data();
+  return p;
+}
+}  // namespace
+
+void Runtime::replay(std::vector<Launch>& launches) {
+  const Driver& d = driver();
+  bool same = exec_ && launches.size() == graph_launches_.size();
+  for (size_t i = 0; same && i < launches.size(); ++i)
+    same = launches[i].f == graph_launches_[i].f && launches[i].threads == graph_launches_[i].threads &&
+           launches[i].args.size() == graph_launches_[i].args.size();
+  std::vector<void*> argp;
+  if (same) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      Launch &now = launches[i], &was = graph_launches_[i];
+      if (now.args == was.args && std::equal(now.grid, now.grid + 3, was.grid)) continue;
+      KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
+      check(d.cuGraphExecKernelNodeSetParams(exec_, graph_nodes_[i], &p), "cuGraphExecKernelNodeSetParams");
+    }
+  } else {
+    if (exec_) d.cuGraphExecDestroy(exec_);
+    if (graph_) d.cuGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+    check(d.cuGraphCreate(&graph_, 0), "cuGraphCreate");
+    graph_nodes_.assign(launches.size(), nullptr);
+    for (size_t i = 0; i < launches.size(); ++i) {
+      KernelNodeParams p = node_params(launches[i].f, launches[i].grid, launches[i].threads, argp, launches[i].args);
+      check(d.cuGraphAddKernelNode(&graph_nodes_[i], graph_, i ? &graph_nodes_[i - 1] : nullptr, i ? 1 : 0, &p),
+            "cuGraphAddKernelNode");
+    }
+    check(d.cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags");
+  }
+  graph_launches_ = std::move(launches);
+  launches.clear();
+  check(d.cuGraphLaunch(exec_, nullptr), "cuGraphLaunch");
+}
+
+Runtime::~Runtime() {
+  if (exec_) driver().cuGraphExecDestroy(exec_);
+  if (graph_) driver().cuGraphDestroy(graph_);
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
@@ -460,6 +530,11 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   auto t_run = clock::now();
   if (!plan_ || plan_->dims != dims) build_plan(dims);
   if (profile) prof["(plan)"] = {std::chrono::duration<double>(clock::now() - t_run).count(), 1};
+  // CUDA graphs with LUMINAL_CUDA_GRAPHS=1 (off by default: measured no faster, see docs/architecture.md), unless
+  // profiling (which times each kernel) or a step runs on the host.
+  const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
+  graphs_on_ = !profile && !has_host_steps_ && env && std::string(env) == "1";
+  pending_.clear();
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr> ptr(g_.size(), 0);
   std::unordered_map<int64_t, DeviceArray> owned;  // fresh allocations, inputs and constants
@@ -494,6 +569,11 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         ptr[id] = owned[id].buf->ptr;
         break;
       case Step::Iota: {
+        auto dev = plan.iota_dev.find(id);
+        if (dev != plan.iota_dev.end()) {
+          ptr[id] = dev->second.buf->ptr;
+          break;
+        }
         ptr[id] = out_ptr();
         auto& host = plan.iota.at(id);
         if (!host.empty()) check(driver().cuMemcpyHtoD(ptr[id], host.data(), host.size()), "cuMemcpyHtoD", "Iota");
@@ -564,6 +644,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     std::fprintf(stderr, "%-16s %5zu steps %9.3f ms\n", "(run)", s_.steps.size(),
                  std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
   }
+  if (graphs_on_ && !pending_.empty()) replay(pending_);
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");

@@ -73,8 +73,30 @@ class Runtime {
   std::unordered_map<std::string, CUfunction> fns_;
   std::unordered_map<int64_t, DeviceArray> constants_;
   std::shared_ptr<Plan> plan_;
+  // CUDA graphs: a run's kernels are recorded, then replayed as one graph. The graph is rebuilt only when the
+  // sequence of kernels changes; otherwise the nodes whose grid or arguments changed (new inputs, outputs, sizes)
+  // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
+  struct Launch {
+    CUfunction f;
+    unsigned grid[3], threads;
+    std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
+    int64_t node;
+  };
+  std::vector<Launch> pending_;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  std::vector<CUgraphNode> graph_nodes_;
+  std::vector<Launch> graph_launches_;
+  void replay(std::vector<Launch>& launches);
+  void execute(const Launch& l);
+
+ public:
+  ~Runtime();
+
+ private:
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
   int sms_ = 1;
+  bool graphs_on_ = false, has_host_steps_ = false;
   std::vector<CUdeviceptr> scratch_ptrs_;
 };
 
