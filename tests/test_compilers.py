@@ -1134,14 +1134,21 @@ FUSION_CASES = {
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", list(FUSION_CASES))
-def test_fused_kernels_match_reference_exactly(case, dtype):
+def test_fused_kernels_match_reference(case, dtype):
     from luminal.compiler import ElementwiseFusion
 
     rng = np.random.default_rng(7)
     x, y = rng.uniform(0.1, 3.0, (5, 37)), rng.uniform(-2.0, 2.0, (5, 37))
-    _, g1, _ = check_same(lambda cx: FUSION_CASES[case](inp(cx, x, dtype), inp(cx, y, dtype)).output(),
-                          lm.GenericCompiler(), ElementwiseFusion())
+    want, got, _, g1 = run_both(lambda cx: FUSION_CASES[case](inp(cx, x, dtype), inp(cx, y, dtype)).output(),
+                                lm.GenericCompiler(), ElementwiseFusion())
     assert "Fused" in ops(g1)
+    if dtype == "float32":
+        # float32 programs compute exp2 with a vector polynomial (within 1 ulp, see test_cpu_kernels.py); an ulp
+        # of difference can move a dependent result by a few.
+        for w, g in zip(want, got):
+            np.testing.assert_array_max_ulp(w, g, maxulp=4)
+    else:
+        assert_same(want, got)  # half-precision programs run in double: exactly the reference
 
 
 def test_kept_tensor_survives_dead_node_removal():

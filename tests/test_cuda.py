@@ -195,7 +195,10 @@ def test_quantized_matmul_and_embedding(backend, qtype, tokens, rng):
     e = w[it].output()
     g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
     g.execute()
-    np.testing.assert_allclose(y.numpy(), x.astype(np.float64) @ vals.T, rtol=1e-4, atol=1e-4, err_msg=repr(rng))
+    want = x.astype(np.float64) @ vals.T
+    # The CPU kernels (which also run the cuda-nvrtc lowering) quantise decode activations to int8: approximate.
+    atol = 3e-2 * np.abs(want).max() if backend.name in ("cpu", "cuda-nvrtc") and tokens == 1 else 1e-4
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
     np.testing.assert_array_equal(e.numpy(), vals[idx])
 
 

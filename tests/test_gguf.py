@@ -341,6 +341,41 @@ def test_synthetic_metadata_round_trip(synth):
     assert cfg["context_length"] == 128
 
 
+def test_large_metadata_arrays_are_read_on_first_use(tmp_path):
+    """Arrays of LAZY_ARRAY_MIN or more values (a vocabulary) are parsed when first read, and compare equal to the
+    list they stand for; reading one after close() is a clear error."""
+    from luminal.gguf import LAZY_ARRAY_MIN
+
+    n = LAZY_ARRAY_MIN + 7
+    words = [f"tok{i}é" for i in range(n)]
+    p = tmp_path / "big.gguf"
+    w = GGUFWriter(str(p), "llama")
+    w.add_array("t.words", words)
+    w.add_array("t.ints", list(range(n)))
+    w.add_uint32("t.after", 5)  # found at the right offset after the skipped arrays
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    g = GGUFFile(p)
+    md = g.metadata
+    assert md["t.after"] == 5 and len(md["t.words"]) == n
+    assert md["t.words"] == words and md["t.words"][-1] == words[-1] and md["t.ints"] == list(range(n))
+    g2 = GGUFFile(p)
+    g2.close()
+    with pytest.raises(GGUFError, match="closed"):
+        g2.metadata["t.words"][0]
+
+
+def test_release_keeps_the_data(synth):
+    """release() only drops resident pages: reading the tensor again gives the same bytes."""
+    path, _ = synth
+    g = GGUFFile(path)
+    for name in g.tensors:
+        before = g.raw(name).copy()
+        g.release(name)
+        np.testing.assert_array_equal(g.raw(name), before)
+
+
 def test_llama_config_errors(tmp_path):
     p = tmp_path / "cfg.gguf"
     w = GGUFWriter(str(p), "llama")

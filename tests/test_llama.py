@@ -114,10 +114,11 @@ def test_tiny_llama_safetensors(tmp_path, dtype, tied, backend, seed):
     model, tok = load_llama(tmp_path, progress=False)
     assert tok is None
     comps = [GenericCompiler()] + backend.compilers("float32")  # the model computes in float32 (weights widened)
-    sess = Session(model, comps, last_only=False)
+    sess = Session(model, comps, last_only=False, capacity=4)  # both steps outgrow the cache: it doubles, keeping rows
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, 9)
     got = sess.step(ids[:6])
     got2 = sess.step(ids[6:])  # continues from the cache
+    assert sess._capacity == 16
     with torch.no_grad():
         want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()
     np.testing.assert_allclose(got, want[:6], atol=1e-4, rtol=1e-4, err_msg=f"seed {seed}")

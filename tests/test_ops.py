@@ -986,6 +986,19 @@ def test_index_select(backend, rng, dim, dtype):
           arrays=[x, idx], backend=backend, rng=rng, name=f"index_select({dim})")
 
 
+@pytest.mark.parametrize("dtype", FLOATS + ["int32"])
+@pytest.mark.parametrize("dim", [0, 1, -1], ids=str)
+def test_index_copy(backend, rng, dim, dtype):
+    shape = (6, 5, 4)
+    idx = rng.gen.permutation(shape[dim])[:3].astype(np.int32)  # distinct: torch leaves duplicates unspecified
+    sshape = list(shape)
+    sshape[dim] = 3
+    kind = "int" if dtype == "int32" else "signed"
+    check(lambda t, i, s: t.index_copy(dim, i, s), lambda t, i, s: t.index_copy(dim, i.long(), s), dtype=dtype,
+          arrays=[rng.data(shape, kind), idx, rng.data(tuple(sshape), kind)], backend=backend, rng=rng,
+          name=f"index_copy({dim})")
+
+
 def test_index_select_views_and_functional(backend, rng):
     x = rng.data((4, 5))
     idx = np.array([3, 0, 0, 2], np.int32)

@@ -35,6 +35,7 @@ import mmap
 import os
 import struct
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Iterator
 
 import numpy as np
@@ -289,6 +290,37 @@ def _decode_str(b: bytes) -> str | bytes:
         return b  # keep undecodable values as bytes rather than altering them
 
 
+class _LazyArray(Sequence):
+    """A large metadata array (a vocabulary, its merges and scores) read from the file on first use: a model that
+    never builds its tokenizer never holds 100k Python strings. Compares equal to the list it stands for."""
+
+    def __init__(self, count: int, read):
+        self._count, self._read, self._items = count, read, None
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = self._read()
+        return self._items
+
+    def __len__(self):
+        return self._count
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other):
+        return isinstance(other, (list, tuple, Sequence)) and list(self) == list(other)
+
+    def __repr__(self):
+        return f"<{self._count} metadata values, read on first use>"
+
+
+LAZY_ARRAY_MIN = 1024  # arrays at least this long are read on first use
+
+
 class GGUFFile:
     """A memory-mapped GGUF file.  See the module docstring."""
 
@@ -432,16 +464,23 @@ class GGUFFile:
                 if count > left // esize:
                     raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
                                     f"elements, more than the {left} bytes left in the file")
-                arr = np.frombuffer(self._mm, dtype=_SCALARS[etype][1], count=count, offset=cur.pos)
+                start = cur.pos
                 cur.pos += count * esize
-                if etype == GGUFValueType.BOOL:
-                    return [bool(x) for x in arr]
-                return arr.tolist()
+
+                def read(start=start):
+                    arr = np.frombuffer(self._live_map(key), dtype=_SCALARS[etype][1], count=count, offset=start)
+                    return [bool(x) for x in arr] if etype == GGUFValueType.BOOL else arr.tolist()
+                return _LazyArray(count, read) if count >= LAZY_ARRAY_MIN else read()
             if etype == GGUFValueType.STRING:
                 if count > left // 8:
                     raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
                                     f"strings, more than fit in the {left} bytes left in the file")
-                return self._read_string_array(cur, count, key)
+                if count < LAZY_ARRAY_MIN:
+                    return self._read_string_array(cur, count, key)
+                start = cur.pos
+                self._read_string_array(cur, count, key, decode=False)  # checks the lengths, finds the end
+                return _LazyArray(count, lambda: self._read_string_array(
+                    _Cursor(self._live_map(key), cur.size, self.path, start), count, key))
             if etype == GGUFValueType.ARRAY:
                 if count > left // 12:
                     raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
@@ -450,7 +489,12 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: corrupt metadata: unknown element type {etype} in array {key!r}")
         raise GGUFError(f"{self.path}: corrupt metadata: unknown value type {vtype} for key {key!r}")
 
-    def _read_string_array(self, cur: _Cursor, count: int, key: str) -> list:
+    def _live_map(self, key: str):
+        if self._mm.closed:
+            raise GGUFError(f"{self.path}: metadata {key!r} is read on first use, but the file is closed")
+        return self._mm
+
+    def _read_string_array(self, cur: _Cursor, count: int, key: str, decode: bool = True) -> list:
         mm, pos, size = self._mm, cur.pos, cur.size
         unpack = _U64.unpack_from
         out = []
@@ -465,12 +509,13 @@ class GGUFFile:
                 raise GGUFError(f"{self.path}: corrupt metadata: string {i} of array {key!r} at offset "
                                 f"{pos - 8} claims a length of {n} bytes, more than the "
                                 f"{size - pos} bytes left in the file")
-            b = mm[pos:pos + n]
+            if decode:
+                b = mm[pos:pos + n]
+                try:
+                    append(b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    append(b)
             pos += n
-            try:
-                append(b.decode("utf-8"))
-            except UnicodeDecodeError:
-                append(b)
         cur.pos = pos
         return out
 
@@ -508,6 +553,16 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: tensor {t.name!r} has unknown ggml type {t.ggml_type}; "
                             "its size cannot be computed")
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
+
+    def release(self, name: str) -> None:
+        """Drops the tensor's pages from this process's resident memory (the OS keeps them cached): for a tensor
+        that was copied out (reordered, dequantised), so that the file's pages and the copy are not both counted."""
+        t = self._tensor(name)
+        page = mmap.PAGESIZE
+        start = -(-t.data_offset // page) * page  # whole pages inside the tensor only: neighbours stay
+        end = (t.data_offset + (t.nbytes or 0)) // page * page
+        if end > start and not self._mm.closed:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def raw(self, name: str) -> np.ndarray:
         return self._raw(self._tensor(name))

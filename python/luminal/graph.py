@@ -38,7 +38,9 @@ class Graph:
         self._dims: dict[str, int] = {}
         self._fresh: set[str] = set()  # dims bound since the last execute: binding one differently is a conflict
         self._results: dict[int, np.ndarray] = {}
-        self._runtime = None  # set by a backend compiler; None runs the reference executor
+        self._runtime = None  # set by a backend compiler; None runs the native executor
+        self._executor = None  # made on the first execute; follows later edits of the graph itself
+        self._donated: set[int] = set()  # inputs whose arrays the next execute may overwrite
         self.compilers: list = []
         self._dot_before_compile = None
         _current.graph = self
@@ -106,9 +108,12 @@ class Graph:
         self._results = {}
         if self._runtime is not None:
             out = self._runtime.run(self._data, self._dims)
-        else:  # data left on a GPU (a DeviceArray) comes to the host for the CPU executors
+        else:
+            if self._executor is None:
+                self._executor = _core.Executor(self._g)
+            # data left on a GPU (a DeviceArray) comes to the host for the CPU executor
             data = {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in self._data.items()}
-            out = _core.run_reference(self._g, self._dims, data)
+            out = self._executor.run(self._dims, data, self._donated)
         self._results = out
         self._fresh = set()
         return self

@@ -86,9 +86,16 @@ class Tensor:
         return int(d) % max(n, 1)
 
     # ---- data in and out -----------------------------------------------------------------------------------------
-    def set(self, array) -> "Tensor":
-        """Gives an input tensor its data (binding symbolic dims from the array's shape)."""
+    def set(self, array, donate: bool = False) -> "Tensor":
+        """Gives an input tensor its data (binding symbolic dims from the array's shape).
+
+        `donate=True` hands the array over: executing may overwrite it in place. A Scatter that is this input's only
+        reader (a KV-cache update) then writes the new rows into it instead of copying the whole array."""
         self.graph._set_input(self.id, array)
+        if donate:
+            self.graph._donated.add(self.id)
+        else:
+            self.graph._donated.discard(self.id)
         return self
 
     def output(self) -> "Tensor":
@@ -804,6 +811,19 @@ class Tensor:
             raise ValueError(f"index_select: index must be 1-D, got shape {_fmt(index.shape)}")
         table = self.transpose(0, ax) if ax else self
         out = self._new(self.graph._g.gather(table._edge(), index.to(dt.int32)._edge()))
+        return out.transpose(0, ax) if ax else out
+
+    def index_copy(self, dim: int, index: "Tensor", source: "Tensor") -> "Tensor":
+        """torch.index_copy: self with its slices index[i] along `dim` replaced by source's slices i (one Scatter).
+        On a donated input (`set(array, donate=True)`) that nothing else reads, it updates the array in place."""
+        ax = self._axis(dim)
+        if index.ndim != 1:
+            raise ValueError(f"index_copy: index must be 1-D, got shape {_fmt(index.shape)}")
+        if source.dtype != self.dtype:
+            raise TypeError(f"index_copy: source is {source.dtype.name} but self is {self.dtype.name}")
+        dest = self.transpose(0, ax) if ax else self
+        src = source.transpose(0, ax) if ax else source
+        out = self._new(self.graph._g.scatter(dest._edge(), index.to(dt.int32)._edge(), src._edge()))
         return out.transpose(0, ax) if ax else out
 
     def gather(self, dim: int, index: "Tensor") -> "Tensor":

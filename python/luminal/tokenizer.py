@@ -18,8 +18,8 @@ disagree on a run of two or more whitespace characters directly before a digit, 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 __all__ = ["Tokenizer", "StreamDecoder", "bytes_to_unicode"]
 
@@ -135,9 +135,9 @@ class Tokenizer:
                             "(only byte-level BPE, tokenizer.ggml.model = 'gpt2')")
         tokens = md.get("tokenizer.ggml.tokens")
         merges = md.get("tokenizer.ggml.merges")
-        if not isinstance(tokens, list) or not tokens:
+        if not isinstance(tokens, Sequence) or isinstance(tokens, (str, bytes)) or not tokens:
             raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.tokens' is missing or empty")
-        if not isinstance(merges, list):
+        if not isinstance(merges, Sequence) or isinstance(merges, (str, bytes)):
             raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.merges' is missing")
         token_types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
         if len(token_types) != len(tokens):

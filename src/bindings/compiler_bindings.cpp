@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core/cpu/cpu.h"
+#include "core/cpu/simd.h"
 #include "core/rewrite.h"
 
 namespace py = pybind11;
@@ -82,6 +83,12 @@ void bind_compiler(py::module_& m) {
   m.def("lower_quantized", &lower_quantized);
   m.def("fuse_elementwise", &fuse_elementwise);
   m.def("set_num_threads", &set_num_threads, "Worker threads for the CPU kernels (0: one per core).");
+  m.def("simd", [] {
+#ifdef LUMINAL_X86
+    if (simd::have_avx2()) return "avx2";
+#endif
+    return "portable";
+  }, "Which CPU kernels run: 'avx2' (AVX2/FMA/F16C, chosen at run time) or 'portable'.");
   m.def("num_threads", &num_threads);
 }
 

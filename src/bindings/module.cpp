@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unordered_set>
+
+#include "core/executor.h"
 #include "core/graph.h"
 #include "core/reference.h"
 
@@ -74,6 +77,15 @@ py::array to_numpy(const Buffer& b) {
   std::vector<py::ssize_t> shape(b.shape.begin(), b.shape.end());
   return py::array(numpy_dtype(b.dtype), shape, b.data.get(), owner);
 }
+
+// An Executor plus the buffers wrapping the arrays of the last run: an array passed again (a weight, a donated
+// cache) is not wrapped again, and its reference is not dropped and retaken (under the GIL) on every run.
+struct PyExecutor {
+  Executor ex;
+  BufferMap inputs;
+  std::unordered_map<int64_t, py::object> arrays;
+  explicit PyExecutor(const Graph& g) : ex(g) {}
+};
 
 DType dtype_of(const py::handle& h) { return dtype_from_name(py::str(h).cast<std::string>()); }
 
@@ -203,7 +215,7 @@ PYBIND11_MODULE(_core, m) {
       .def("keep", &Graph::keep)
       .def("register_kernel", [](Graph& g, const std::string& name, py::function fn) {
         // The kernel runs Python: take the GIL, hand it numpy arrays, check what comes back.
-        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, const Node& node) {
+        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, const Node& node, Buffer& out) {
           DType out_dtype = node.dtype;
           std::vector<Buffer> dense;  // Python kernels get contiguous arrays
           for (auto& a : ins) dense.push_back(materialize(*a.buf, a.view));
@@ -217,11 +229,9 @@ PYBIND11_MODULE(_core, m) {
           if (!arr.dtype().is(want) && !arr.dtype().equal(want))
             throw std::runtime_error("custom op '" + name + "' returned " + std::string(py::str(arr.dtype())) +
                                      ", expected " + dtype_name(out_dtype));
-          Buffer out = Buffer::alloc(out_dtype, {});
-          out.shape.assign(arr.shape(), arr.shape() + arr.ndim());
-          out = Buffer::alloc(out_dtype, out.shape);
+          if (!std::equal(out.shape.begin(), out.shape.end(), arr.shape(), arr.shape() + arr.ndim()))
+            throw std::runtime_error("custom op '" + name + "' returned an array of the wrong shape");
           std::memcpy(out.data.get(), arr.data(), out.nbytes());
-          return out;
         });
       });
 
@@ -234,14 +244,43 @@ PYBIND11_MODULE(_core, m) {
     Bindings b = to_bindings(dims);
     BufferMap out;
     {
-      // Custom kernels retake the GIL when they need it.
-      py::gil_scoped_release release;
+      py::gil_scoped_release release;  // custom kernels retake the GIL when they need it
       out = run_reference(g, b, in);
     }
     py::dict r;
     for (auto& [id, buf] : out) r[py::int_(id)] = to_numpy(buf);
     return r;
-  }, "Run the graph's Output nodes with the reference executor; returns {output id: array}.");
+  }, "Run the graph's Output nodes once; returns {output id: array}.");
+
+  py::class_<PyExecutor>(m, "Executor", "Runs a graph's outputs; keeps its schedule and memory plan between runs.")
+      .def(py::init<const Graph&>(), py::keep_alive<1, 2>())
+      .def("run", [](PyExecutor& self, const py::dict& dims, const py::dict& inputs, const py::iterable& donated) {
+        const Graph& g = self.ex.graph();
+        if (self.arrays.size() > inputs.size()) {  // forget inputs no longer given
+          self.arrays.clear();
+          self.inputs.clear();
+        }
+        for (auto [k, v] : inputs) {
+          int64_t id = k.cast<int64_t>();
+          auto it = self.arrays.find(id);
+          if (it != self.arrays.end() && it->second.is(v)) continue;
+          self.inputs[id] = to_buffer(v.cast<py::array>(), g.node(id).dtype);
+          self.arrays[id] = py::reinterpret_borrow<py::object>(v);
+        }
+        std::unordered_set<int64_t> give;
+        for (auto d : donated) give.insert(d.cast<int64_t>());
+        Bindings b = to_bindings(dims);
+        BufferMap out;
+        {
+          py::gil_scoped_release release;
+          out = self.ex.run(b, self.inputs, give);
+        }
+        py::dict r;
+        for (auto& [id, buf] : out) r[py::int_(id)] = to_numpy(buf);
+        return r;
+      }, py::arg("dims"), py::arg("inputs"), py::arg("donated") = py::tuple(),
+         "Runs every Output with `inputs` ({input id: array}); `donated` input ids may be overwritten in place.")
+      .def_property_readonly("arena_bytes", [](const PyExecutor& self) { return self.ex.arena_bytes(); });
 
   bind_compiler(m);
   bind_cuda(m);

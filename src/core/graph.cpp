@@ -43,6 +43,7 @@ void Graph::check_edge(const Edge& e, const char* op) const {
 }
 
 int64_t Graph::add(Node n) {
+  ++version_;
   const char* name = op_name(n.op);
   for (auto& e : n.inputs) check_edge(e, name);
   auto in_dtype = [&](size_t i) { return nodes_[n.inputs[i].node].dtype; };
@@ -177,7 +178,10 @@ const Node& Graph::node(int64_t id) const {
   if (id < 0 || id >= int64_t(nodes_.size())) throw std::out_of_range("no node with id " + std::to_string(id));
   return nodes_[id];
 }
-Node& Graph::node_mut(int64_t id) { return const_cast<Node&>(node(id)); }
+Node& Graph::node_mut(int64_t id) {
+  ++version_;
+  return const_cast<Node&>(node(id));
+}
 
 std::vector<int64_t> Graph::topo_order() const {
   // Ids grow with insertion, but rewrites may point an old node at a newer one: order by DFS.
@@ -236,6 +240,7 @@ std::vector<int64_t> Graph::users(int64_t id) const {
 }
 
 void Graph::replace_uses(int64_t old_id, int64_t new_id) {
+  ++version_;
   if (old_id == new_id) return;
   check_replacement(old_id, new_id, false);
   for (int64_t u : users(old_id)) {
@@ -248,6 +253,7 @@ void Graph::replace_uses(int64_t old_id, int64_t new_id) {
 }
 
 void Graph::replace_uses_scalar(int64_t old_id, int64_t new_id) {
+  ++version_;
   check_replacement(old_id, new_id, true);
   for (int64_t u : users(old_id)) {
     for (auto& e : nodes_[u].inputs)
@@ -282,7 +288,15 @@ std::vector<int64_t> Graph::kept() const {
   return out;
 }
 
-void Graph::remove(int64_t id) { node_mut(id).alive = false; }
+void Graph::remove(int64_t id) {
+  // The id stays valid (users may hold it) but the node's edges and data go: a compiled LLM step graph leaves
+  // thousands of dead nodes behind, and their views are most of the graph's memory.
+  Node& n = node_mut(id);
+  n.alive = false;
+  std::vector<Edge>().swap(n.inputs);
+  n.payload.reset();
+  std::vector<int64_t>().swap(users_[id]);
+}
 
 int64_t Graph::resolve(int64_t id) const {
   for (auto it = remap_.find(id); it != remap_.end(); it = remap_.find(id)) id = it->second;

@@ -63,8 +63,9 @@ struct KernelArg {
 };
 
 struct Node;
-// A custom op's CPU implementation: inputs in, the output (of the node's shape and dtype) out.
-using CustomKernel = std::function<Buffer(const std::vector<KernelArg>&, const Node&)>;
+// A custom op's CPU implementation: reads its inputs and writes every element of `out`, which the executor has
+// allocated with the node's dtype and (evaluated) shape.
+using CustomKernel = std::function<void(const std::vector<KernelArg>&, const Node&, Buffer& out)>;
 
 // Kernels every graph can use (native ops such as dequantisation), registered once at start-up.
 void register_builtin_kernel(const std::string& name, CustomKernel k);
@@ -103,7 +104,9 @@ class Graph {
   void keep(int64_t id) { kept_.push_back(id); }  // survives dead-node removal
   std::vector<int64_t> kept() const;
 
-  void register_kernel(const std::string& name, CustomKernel k) { kernels_[name] = std::move(k); }
+  void register_kernel(const std::string& name, CustomKernel k) { kernels_[name] = std::move(k); ++version_; }
+  // Changes with every edit, so that executors know when their schedule is stale.
+  uint64_t version() const { return version_; }
   const CustomKernel* kernel(const std::string& name) const;
 
  private:
@@ -115,6 +118,7 @@ class Graph {
   std::unordered_map<int64_t, int64_t> remap_;
   std::unordered_map<int64_t, bool> remap_scalar_;  // replaced by a one-value node
   std::unordered_map<std::string, CustomKernel> kernels_;
+  uint64_t version_ = 0;
 };
 
 // The edge reads its producer's output exactly as stored.

@@ -1,11 +1,13 @@
 #include "core/reference.h"
 
+#include "core/executor.h"
 #include "core/primops.h"
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <stdexcept>
@@ -13,14 +15,13 @@
 namespace luminal {
 namespace {
 
-// One input edge, bound to its producer's buffer and concrete view.
+// One input: its producer's buffer read through a concrete view, with every read bounds-checked.
 struct Reader {
   const void* base;
   DType dtype;
   int64_t size;
-  ConcreteView v;
-  Reader(const Buffer& b, const View& view, const Bindings& dims) : Reader(b, ConcreteView(view, dims)) {}
-  Reader(const Buffer& b, ConcreteView view) : base(b.data.get()), dtype(b.dtype), size(b.numel()), v(std::move(view)) {}
+  const ConcreteView& v;
+  explicit Reader(const KernelArg& a) : base(a.buf->data.get()), dtype(a.buf->dtype), size(a.buf->numel()), v(a.view) {}
 
   double at(const int64_t* idx) const {
     int64_t off = v.offset;
@@ -44,16 +45,6 @@ bool next_index(std::vector<int64_t>& idx, const std::vector<int64_t>& shape) {
   return false;
 }
 
-std::vector<int64_t> eval_shape(const Shape& s, const Bindings& dims) {
-  std::vector<int64_t> out;
-  for (auto& e : s) {
-    int64_t v = e.eval(dims);
-    if (v < 0) throw std::invalid_argument("dimension " + e.str() + " evaluates to a negative size " + std::to_string(v));
-    out.push_back(v);
-  }
-  return out;
-}
-
 // Calls f(out_flat_index, multi_index) for every element of `shape`.
 template <class F>
 void for_each_index(const std::vector<int64_t>& shape, F&& f) {
@@ -65,24 +56,10 @@ void for_each_index(const std::vector<int64_t>& shape, F&& f) {
   do { f(i++, idx.data()); } while (next_index(idx, shape));
 }
 
-Buffer run_custom(const Graph& g, const Node& n, const Bindings& dims, const BufferMap& bufs) {
-  const CustomKernel* k = g.kernel(n.name);
-  if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
-  std::vector<KernelArg> ins;
-  for (auto& e : n.inputs) ins.push_back(KernelArg{&bufs.at(e.node), ConcreteView(e.view, dims)});
-  Buffer r = (*k)(ins, n);
-  if (r.dtype != n.dtype || r.shape != eval_shape(n.shape, dims))
-    throw std::runtime_error("custom op '" + n.name + "' returned a " + dtype_name(r.dtype) +
-                             " result of the wrong shape or dtype (expected " + dtype_name(n.dtype) + ")");
-  return r;
-}
+}  // namespace
 
-Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const BufferMap& bufs) {
-  auto reader = [&](size_t k) { return Reader(bufs.at(n.inputs[k].node), n.inputs[k].view, dims); };
-  // An output that reads its producer as stored shares the producer's buffer.
-  if (n.op == Op::Output && is_plain(g, n.inputs[0])) return bufs.at(n.inputs[0].node);
-  if (n.op == Op::Custom) return run_custom(g, n, dims, bufs);  // the kernel allocates its own result
-  Buffer out = Buffer::alloc(n.dtype, eval_shape(n.shape, dims));
+void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings& dims, Buffer& out) {
+  auto reader = [&](size_t k) { return Reader(ins.at(k)); };
   void* o = out.data.get();
   switch (n.op) {
     case Op::Constant: store_from_double(o, 0, n.dtype, n.value); break;
@@ -144,17 +121,34 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
     }
     case Op::Scatter: {
       Reader dest = reader(0), index = reader(1), src = reader(2);
-      for_each_index(out.shape, [&](int64_t i, const int64_t* idx) { store_from_double(o, i, n.dtype, dest.at(idx)); });
+      // Rows of the same dtype read as stored are copied bytewise (the KV-cache update of every decode step).
+      size_t es = dtype_size(n.dtype);
+      bool dest_plain = dest.dtype == n.dtype && dest.v.is_plain(out.shape) && dest.size >= out.numel();
+      if (o == dest.base && dest_plain) {
+        // in place (see Executor): dest is already the output
+      } else if (dest_plain) {
+        std::memcpy(o, dest.base, out.nbytes());
+      } else {
+        for_each_index(out.shape, [&](int64_t i, const int64_t* idx) { store_from_double(o, i, n.dtype, dest.at(idx)); });
+      }
       std::vector<int64_t> row_shape(out.shape.begin() + 1, out.shape.end());
       int64_t row_size = 1;
       for (auto d : row_shape) row_size *= d;
+      int64_t src_numel = 1;
+      for (auto d : src.v.shape) src_numel *= d;
+      bool src_plain = src.dtype == n.dtype && src.v.is_plain(src.v.shape) && src.size >= src_numel;
       size_t ni = index.v.shape.size();
       std::vector<int64_t> s_idx(src.v.shape.size());
-      for_each_index(index.v.shape, [&](int64_t, const int64_t* m) {
+      for_each_index(index.v.shape, [&](int64_t mi, const int64_t* m) {
         double r = index.at(m);
         if (r < 0 || r >= out.shape[0])
           throw std::out_of_range("Scatter: index " + std::to_string(int64_t(r)) + " is out of range for " +
                                   std::to_string(out.shape[0]) + " rows");
+        if (src_plain) {
+          std::memcpy(static_cast<char*>(o) + int64_t(r) * row_size * es,
+                      static_cast<const char*>(src.base) + mi * row_size * es, row_size * es);
+          return;
+        }
         for (size_t d = 0; d < ni; ++d) s_idx[d] = m[d];
         for_each_index(row_shape, [&](int64_t j, const int64_t* rest) {
           for (size_t d = 0; d < row_shape.size(); ++d) s_idx[ni + d] = rest[d];
@@ -163,67 +157,22 @@ Buffer run_node(const Graph& g, const Node& n, const Bindings& dims, const Buffe
       });
       break;
     }
-    case Op::Custom: case Op::Input: break;  // handled above / by the caller
+    case Op::Custom: case Op::Input: throw std::logic_error("run_primop: not a primitive op");
   }
-  return out;
 }
 
-}  // namespace
-
 Buffer materialize(const Buffer& src, const ConcreteView& view) {
-  Reader a(src, view);
-  Buffer out = Buffer::alloc(src.dtype, a.v.shape);
+  Buffer out = Buffer::alloc(src.dtype, view.shape);
+  KernelArg a{&src, view};
+  Reader r(a);
   for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
-    store_from_double(out.data.get(), i, out.dtype, a.at(idx));
+    store_from_double(out.data.get(), i, out.dtype, r.at(idx));
   });
   return out;
 }
 
 BufferMap run_reference(const Graph& g, const Bindings& dims, const BufferMap& inputs) {
-  // Run only what the outputs need, and free each intermediate after its last reader.
-  std::vector<int64_t> order = g.topo_order();
-  std::vector<char> needed(g.size(), 0);
-  for (auto id : g.outputs()) needed[id] = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it)
-    if (needed[*it])
-      for (auto& e : g.node(*it).inputs) needed[e.node] = 1;
-  std::vector<int64_t> last_use(g.size(), -1);
-  for (size_t p = 0; p < order.size(); ++p)
-    if (needed[order[p]])
-      for (auto& e : g.node(order[p]).inputs) last_use[e.node] = int64_t(p);
-
-  BufferMap bufs, results;
-  // LUMINAL_PROFILE=1 prints the time spent per op kind.
-  static const bool profile = std::getenv("LUMINAL_PROFILE") != nullptr;
-  std::map<std::string, std::pair<double, int>> prof;
-  for (size_t p = 0; p < order.size(); ++p) {
-    int64_t id = order[p];
-    if (!needed[id]) continue;
-    const Node& n = g.node(id);
-    if (n.op == Op::Input) {
-      auto it = inputs.find(id);
-      if (it == inputs.end())
-        throw std::invalid_argument("input '" + n.name + "' (node " + std::to_string(id) + ") has no data: call set() on it");
-      auto want = eval_shape(n.shape, dims);
-      if (it->second.shape != want || it->second.dtype != n.dtype)
-        throw std::invalid_argument("input '" + n.name + "' holds data of the wrong shape or dtype");
-      bufs[id] = it->second;
-    } else {
-      auto t0 = std::chrono::steady_clock::now();
-      bufs[id] = run_node(g, n, dims, bufs);
-      if (profile) {
-        auto& e = prof[n.op == Op::Custom ? n.name : op_name(n.op)];
-        e.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        e.second += 1;
-      }
-    }
-    if (n.op == Op::Output) results[id] = bufs[id];
-    for (auto& e : n.inputs)
-      if (last_use[e.node] == int64_t(p)) bufs.erase(e.node);
-  }
-  if (profile)
-    for (auto& [k, v] : prof) std::fprintf(stderr, "%-12s %5d nodes %9.3f ms\n", k.c_str(), v.second, v.first * 1e3);
-  return results;
+  return Executor(g).run(dims, inputs);
 }
 
 }  // namespace luminal

@@ -240,3 +240,15 @@ ConcreteView::ConcreteView(const View& v, const Bindings& b) {
 }
 
 }  // namespace luminal
+
+namespace luminal {
+bool ConcreteView::is_plain(const std::vector<int64_t>& want) const {
+  if (masked || offset != 0 || shape != want) return false;
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    if (shape[d] != 1 && strides[d] != stride) return false;
+    stride *= shape[d];
+  }
+  return true;
+}
+}  // namespace luminal

@@ -42,6 +42,9 @@ struct ConcreteView {
   std::vector<int64_t> shape, strides, lo, hi;
   int64_t offset = 0;
   bool masked = false;
+  ConcreteView() = default;
+  // Reads a buffer of `shape` exactly as stored.
+  bool is_plain(const std::vector<int64_t>& shape) const;
   ConcreteView(const View& v, const Bindings& b);
 };
 

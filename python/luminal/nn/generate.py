@@ -1,6 +1,8 @@
 """Running a Llama step graph: prefill once, then one token per step reusing the KV cache; sampling."""
 from __future__ import annotations
 
+import math
+import mmap
 import time
 
 import numpy as np
@@ -30,40 +32,69 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: 
 
 
 class Session:
-    """A compiled step graph with its KV cache. `compilers` default to GenericCompiler + CPUCompiler."""
+    """A compiled step graph with its KV cache. `compilers` default to GenericCompiler + CPUCompiler.
 
-    def __init__(self, model: Llama, compilers=None, last_only: bool = True):
+    The caches are token-major arrays (capacity, Hkv, d) donated to the graph, so each step writes its new rows in
+    place; the capacity doubles (one copy) when a step would overflow it. Untouched rows of the zeroed arrays are
+    never written, so they cost address space, not memory."""
+
+    def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int = 256):
         c, g = model.config, model.graph
         self.model, self.graph = model, g
         self.tokens = g.tensor(("s",), dt.int32, name="tokens")
-        self.cache_in = [(g.tensor((c.n_kv_heads, "p", c.head_dim), name=f"k_cache{i}"),
-                          g.tensor((c.n_kv_heads, "p", c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
-        logits, new = model.forward(self.tokens, self.cache_in, last_only=last_only)
+        self.cache_in = [(g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"k_cache{i}"),
+                          g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
+        logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only)
         self.logits = logits.output()
         self.cache_out = [(k.output(), v.output()) for k, v in new]
         t = time.perf_counter()
         g.compile(*(compilers if compilers is not None else [GenericCompiler(), CPUCompiler()]))
         self.compile_seconds = time.perf_counter() - t
+        self._cache_inputs = [x for pair in self.cache_in for x in pair]
+        self._cache_outputs = [x for pair in self.cache_out for x in pair]
+        self._caches: list[np.ndarray] = []
+        self._capacity = max(1, capacity)
         self.reset()
 
     def reset(self):
-        c = self.model.config
-        empty = np.zeros((c.n_kv_heads, 0, c.head_dim), np.float32)
-        self.graph.set_dim("p", 0)
-        for k, v in self.cache_in:
-            k.set(empty)
-            v.set(empty)
+        """Starts a new sequence (the cache arrays are kept)."""
         self.length = 0
+        if not self._caches:
+            self._give_caches(self._capacity)
+
+    def _give_caches(self, capacity: int):
+        """(Re)allocates the cache arrays with `capacity` rows, keeping the first `length`, and donates them."""
+        c = self.model.config
+        ins = self._cache_inputs
+        # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
+        # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
+        shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
+        block = np.frombuffer(mmap.mmap(-1, 4 * math.prod(shape)), np.float32).reshape(shape)
+        self.graph.set_dim("c", capacity)
+        for i, t in enumerate(ins):
+            if self._caches:
+                old = self._caches[i]  # a DeviceArray on the GPU: comes to the host only when the capacity grows
+                block[i, : self.length] = (old if isinstance(old, np.ndarray) else old.numpy())[: self.length]
+            t.set(block[i], donate=True)
+        self._caches = list(block)
+        self._capacity = capacity
 
     def step(self, ids) -> np.ndarray:
         """Feeds tokens after the cached ones; returns their logits."""
         ids = np.asarray(ids, np.int32).reshape(-1)
+        if self.length + len(ids) > self._capacity:
+            self._give_caches(max(2 * self._capacity, self.length + len(ids)))
+        self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
         self.graph.execute()
-        self.graph.set_dim("p", self.length + len(ids))
-        for (ki, vi), (ko, vo) in zip(self.cache_in, self.cache_out):
-            ki.set(ko.result())  # no copy: on the GPU the cache never leaves the device
-            vi.set(vo.result())
+        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor), all did. A GPU
+        # backend returns device arrays: they are fed back as they are, so the cache never leaves the device.
+        first = self.cache_out[0][0].result()
+        if not isinstance(first, np.ndarray) or not isinstance(self._caches[0], np.ndarray) or \
+                first.__array_interface__["data"][0] != self._caches[0].__array_interface__["data"][0]:
+            for i, (t_in, t_out) in enumerate(zip(self._cache_inputs, self._cache_outputs)):
+                self._caches[i] = t_out.result()
+                t_in.set(self._caches[i], donate=True)
         self.length += len(ids)
         return self.logits.numpy()
 

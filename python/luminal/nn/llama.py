@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _core
 from ..functional import arange, cat, where
 from ..graph import Graph
 from ..tensor import Tensor
@@ -66,24 +67,30 @@ class Attention(Module):
         self.v_proj = Linear(c.hidden, c.n_kv_heads * c.head_dim, graph=graph)
         self.o_proj = Linear(c.n_heads * c.head_dim, c.hidden, graph=graph)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots):
+        """x: (s, hidden); cos, sin: (s, d); mask: (s, p+s); k_cache, v_cache: (capacity, Hkv, d) whose first p rows
+        hold the earlier positions; slots: the positions p..p+s-1. Returns the output and the updated caches."""
         c = self.c
         s = x.layout.shape[0]
         q = self.q_proj(x).reshape(s, c.n_heads, c.head_dim).transpose(0, 1)  # (H, s, d)
-        k = self.k_proj(x).reshape(s, c.n_kv_heads, c.head_dim).transpose(0, 1)  # (Hkv, s, d)
-        v = self.v_proj(x).reshape(s, c.n_kv_heads, c.head_dim).transpose(0, 1)
+        k = self.k_proj(x).reshape(s, c.n_kv_heads, c.head_dim)  # (s, Hkv, d): the cache's row layout
+        v = self.v_proj(x).reshape(s, c.n_kv_heads, c.head_dim)
         q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        k = cat([k_cache, k], 1)  # (Hkv, p+s, d): also the next step's cache
-        v = cat([v_cache, v], 1)
+        k = k * cos.unsqueeze(1) + rotate_half(k) * sin.unsqueeze(1)
+        # Token-major caches: this step writes rows p..p+s-1, one Scatter each, which runs in place when the
+        # session donates the cache arrays; attention reads rows 0..p+s-1 through views.
+        k_cache = k_cache.index_copy(0, slots, k)
+        v_cache = v_cache.index_copy(0, slots, v)
+        t = mask.layout.shape[1]  # p + s
+        keys, vals = k_cache[:t].transpose(0, 1), v_cache[:t].transpose(0, 1)  # (Hkv, p+s, d)
         rep = c.n_heads // c.n_kv_heads
         # Group the query heads that share a KV head: (Hkv, rep*s, d) against (Hkv, p+s, d).
         qg = q.reshape(c.n_kv_heads, s * rep, c.head_dim)
-        scores = (qg @ k.transpose(1, 2)) * (1.0 / math.sqrt(c.head_dim))
-        scores = scores.reshape(c.n_kv_heads, rep, s, k.layout.shape[1]) + mask  # mask: 0 or -inf
-        out = scores.softmax(-1).reshape(c.n_kv_heads, s * rep, k.layout.shape[1]) @ v
+        scores = (qg @ keys.transpose(1, 2)) * (1.0 / math.sqrt(c.head_dim))
+        scores = scores.reshape(c.n_kv_heads, rep, s, t) + mask  # mask: 0 or -inf
+        out = scores.softmax(-1).reshape(c.n_kv_heads, s * rep, t) @ vals
         out = out.reshape(c.n_heads, s, c.head_dim).transpose(0, 1).reshape(s, c.n_heads * c.head_dim)
-        return self.o_proj(out), k, v
+        return self.o_proj(out), k_cache, v_cache
 
 
 class MLP(Module):
@@ -105,8 +112,8 @@ class TransformerBlock(Module):
         self.input_layernorm = RMSNorm(c.hidden, c.rms_eps, graph)
         self.post_attention_layernorm = RMSNorm(c.hidden, c.rms_eps, graph)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache):
-        h, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache)
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots):
+        h, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
@@ -128,27 +135,28 @@ class Llama(Module):
         self.model = LlamaModel(c, self.graph)
         self.lm_head = None if c.tie_word_embeddings else Linear(c.hidden, c.vocab_size, graph=self.graph)
 
-    def forward(self, tokens: Tensor, caches, last_only: bool = False):
-        """tokens: (s,) int32; caches: per layer (k, v) inputs of shape (Hkv, p, d). Returns logits (s, vocab), or
-        (1, vocab) for the last token with `last_only`, and the new caches (Hkv, p+s, d)."""
+    def forward(self, tokens: Tensor, caches, p="p", last_only: bool = False):
+        """tokens: (s,) int32; caches: per layer (k, v) of shape (capacity, Hkv, d) whose first `p` rows (a symbolic
+        dim) hold the positions before these tokens. Returns logits (s, vocab), or (1, vocab) for the last token
+        with `last_only`, and the updated caches (rows p..p+s-1 written)."""
         c, g = self.config, self.graph
         s = tokens.layout.shape[0]
-        p = caches[0][0].layout.shape[1]
+        p = _core.to_expr(p)
         # Rotary tables for positions p .. p+s-1 (HF's half-split layout).
         inv_freq = 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         self.inv_freq = g.tensor((c.head_dim // 2,), name="inv_freq").set(inv_freq.astype(np.float32))
-        pos = arange(p, p + s, graph=g).float()
-        freqs = pos.unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        slots = arange(p, p + s, graph=g)
+        freqs = slots.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
         emb = cat([freqs, freqs], -1)  # (s, d)
         cos, sin = emb.cos(), emb.sin()
         # Causal mask over the cache and the new tokens: key j is hidden from query i when j > p + i. Built once as
         # an additive 0 / -inf table, so each layer's masking fuses into its softmax.
-        hidden = arange(0, p + s, graph=g).unsqueeze(0).gt(arange(p, p + s, graph=g).unsqueeze(1))
+        hidden = arange(0, p + s, graph=g).unsqueeze(0).gt(slots.unsqueeze(1))
         mask = where(hidden, float("-inf"), 0.0)
         x = self.model.embed_tokens(tokens)
         new_caches = []
         for layer, (kc, vc) in zip(self.model.layers, caches):
-            x, k, v = layer(x, cos, sin, mask, kc, vc)
+            x, k, v = layer(x, cos, sin, mask, kc, vc, slots)
             new_caches.append((k, v))
         if last_only:
             x = x[-1:]
@@ -203,4 +211,6 @@ def gguf_state_dict(gguf, config: LlamaConfig, progress: bool = True, quantized:
         else:
             continue  # e.g. rope_freqs: recomputed from the config
         out[key] = QuantizedWeight(w, t.type_name, tuple(t.shape)) if packed else np.ascontiguousarray(w, np.float32)
+        if not np.may_share_memory(out[key].raw if packed else out[key], g.raw(name)):
+            g.release(name)  # a copy: the file's pages are not needed in memory any more
     return out

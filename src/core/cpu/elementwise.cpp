@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/cpu/cpu.h"
+#include "core/cpu/simd.h"
 #include "core/kernel_ir.h"
 
 namespace luminal {
@@ -69,7 +70,10 @@ template <class T>
 void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
   switch (op) {
     case Op::Log2: for (int64_t i = 0; i < n; ++i) o[i] = T(std::log2(double(x[i]))); break;
-    case Op::Exp2: for (int64_t i = 0; i < n; ++i) o[i] = T(std::exp2(double(x[i]))); break;
+    case Op::Exp2:
+      if constexpr (std::is_same<T, float>::value) simd::exp2_f32(x, o, n);  // softmax, SiLU: the hot one
+      else for (int64_t i = 0; i < n; ++i) o[i] = T(std::exp2(double(x[i])));
+      break;
     case Op::Sin: for (int64_t i = 0; i < n; ++i) o[i] = T(std::sin(double(x[i]))); break;
     case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
     case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / x[i]; break;
@@ -82,20 +86,18 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
 }
 
 template <class T>
-Buffer run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node) {
+void run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
   // The iteration space is the inputs' (view) shape: the output's, plus the reduced axis.
   const std::vector<int64_t>& space = args[0].view.shape;
   bool reduce = prog.reduce != Op::Input;
-  std::vector<int64_t> out_shape = space;
-  if (reduce) out_shape.pop_back();
-  Buffer out = Buffer::alloc(node.dtype, out_shape);
   int64_t L = space.empty() ? 1 : space.back();
   int64_t rows = reduce ? out.numel() : (L ? out.numel() / L : 0);
   size_t nreg = prog.code.size();
   void* o = out.data.get();
   parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg), [&](int64_t r0, int64_t r1) {
-    std::vector<T> regs(nreg * kChunk);
+    thread_local std::vector<T> regs;  // reused across calls: decode runs hundreds of small programs per token
+    if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
     for (int64_t row = r0; row < r1; ++row) {
       double acc = prog.reduce == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
       for (int64_t j0 = 0; j0 < L; j0 += kChunk) {
@@ -126,12 +128,12 @@ Buffer run_program(const Program& prog, const std::vector<KernelArg>& args, cons
       if (reduce) store_from_double(o, row, node.dtype, acc);
     }
   });
-  return out;
 }
 
-Buffer fused_kernel(const std::vector<KernelArg>& args, const Node& node) {
+void fused_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   const Program& prog = *std::static_pointer_cast<const Program>(node.payload);
-  return prog.float_registers ? run_program<float>(prog, args, node) : run_program<double>(prog, args, node);
+  if (prog.float_registers) run_program<float>(prog, args, node, out);
+  else run_program<double>(prog, args, node, out);
 }
 
 struct Registrar {

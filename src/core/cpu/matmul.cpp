@@ -57,8 +57,34 @@ KernelArg pack_last_axis(const KernelArg& x, Buffer& storage) {
   return KernelArg{&storage, packed};
 }
 
-Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
+void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buffer& out) {
   DType out_dtype = node.dtype;
+  {
+    // out[.., n] = sum_k a[.., k] * b[.., k, n] with b's rows contiguous along n and a the same for every n
+    // (attention weights @ V): accumulate scaled rows of b, with no packing of b, while b fits in L2 (a larger b
+    // is packed for the register tiles below, which read it once per four rows instead of once per row).
+    const KernelArg &a = in_args.at(0), &b = in_args.at(1);
+    const ConcreteView &va = a.view, &vb = b.view;
+    size_t r = va.shape.size();
+    if (r >= 2 && out_dtype == DType::F32 && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+        !va.masked && !vb.masked && va.strides[r - 2] == 0 && vb.strides[r - 2] == 1 && vb.strides[r - 1] != 1 &&
+        va.shape[r - 1] * va.shape[r - 2] <= 64 * 1024 && in_bounds(a) && in_bounds(b)) {
+      int64_t K = va.shape[r - 1], N = va.shape[r - 2], rows = out.numel() / (N ? N : 1);
+      int64_t ska = va.strides[r - 1], skb = vb.strides[r - 1];
+      const float* pa = static_cast<const float*>(a.buf->data.get());
+      const float* pb = static_cast<const float*>(b.buf->data.get());
+      float* po = static_cast<float*>(out.data.get());
+      parallel_for(rows, N * K, [&](int64_t r0, int64_t r1) {
+        for (int64_t row = r0; row < r1; ++row) {
+          const float *x = pa + outer_offset(va, row, 2), *y = pb + outer_offset(vb, row, 2);
+          float* o = po + row * N;
+          std::fill(o, o + N, 0.0f);
+          for (int64_t k = 0; k < K; ++k) simd::axpy_f32(x[k * ska], y + k * skb, o, N);
+        }
+      });
+      return;
+    }
+  }
   // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
   std::vector<KernelArg> args = in_args;
   Buffer packed[2];
@@ -72,8 +98,6 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
   const ConcreteView &va = a.view, &vb = b.view;
   size_t r = va.shape.size();
   if (r == 0 || vb.shape != va.shape) throw std::logic_error("MatMul: operand views disagree");
-  std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
-  Buffer out = Buffer::alloc(out_dtype, out_shape);
   int64_t K = va.shape[r - 1];
   int64_t N = r >= 2 ? va.shape[r - 2] : 1;
   int64_t rows = out.numel() / (N ? N : 1);
@@ -104,22 +128,18 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
         int64_t ob = outer_offset(vb, bt * M, 2);
         const float* w[3];
         for (int64_t c = 0; c < 3; ++c) w[c] = pb + ob + (n + std::min(c, cols - 1)) * snb;
-        int64_t m = 0;
-        for (; cols == 3 && m + 4 <= M; m += 4) {
+        for (int64_t m = 0; m < M; m += 4) {
+          int rr = int(std::min<int64_t>(4, M - m));
           const float* a4[4];
-          for (int i = 0; i < 4; ++i) a4[i] = pa + outer_offset(va, bt * M + m + i, 2);
+          for (int i = 0; i < rr; ++i) a4[i] = pa + outer_offset(va, bt * M + m + i, 2);
           float r12[12];
-          simd::dot4x3_f32(a4, w, K, r12);
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 3; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
-        }
-        for (; m < M; ++m) {
-          const float* x = pa + outer_offset(va, bt * M + m, 2);
-          for (int64_t c = 0; c < cols; ++c) po[(bt * M + m) * N + n + c] = simd::dot_f32(x, w[c], K);
+          simd::dot_rx3_f32(rr, a4, w, K, r12);
+          for (int i = 0; i < rr; ++i)
+            for (int64_t c = 0; c < cols; ++c) po[(bt * M + m + i) * N + n + c] = r12[3 * i + c];
         }
       }
     });
-    return out;
+    return;
   }
   // Parallel over N so each thread streams its own slice of the (usually weight) operand.
   parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
@@ -154,7 +174,6 @@ Buffer matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node) {
         store_from_double(out.data.get(), o, out_dtype, s);
       }
   });
-  return out;
 }
 
 struct Registrar {

@@ -48,35 +48,27 @@ void check_raw(const KernelArg& a, const Format& f, const char* op) {
 }
 
 CustomKernel dequant_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, const Node& node) {
-    DType out_dtype = node.dtype;
+  return [&f](const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
     const KernelArg& a = args.at(0);
     check_raw(a, f, "Dequant");
-    std::vector<int64_t> shape = a.view.shape;
-    int64_t k = shape.back() / f.block_bytes * kBlock;
-    shape.back() = k;
-    Buffer out = Buffer::alloc(DType::F32, shape);
+    if (node.dtype != DType::F32) throw std::invalid_argument("Dequant produces float32");
+    int64_t k = a.view.shape.back() / f.block_bytes * kBlock;
     int64_t rows = k ? out.numel() / k : 0;
     float* o = static_cast<float*>(out.data.get());
     parallel_for(rows, k, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) dequant_row(f, raw_row(a, r), k, o + r * k);
     });
-    if (out_dtype != DType::F32) throw std::invalid_argument("Dequant produces float32");
-    return out;
   };
 }
 
 // out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
 CustomKernel qmatmul_kernel(const Format& f) {
-  return [&f](const std::vector<KernelArg>& args, const Node& node) {
-    DType out_dtype = node.dtype;
+  return [&f](const std::vector<KernelArg>& args, const Node&, Buffer& out) {
     const KernelArg &a = args.at(0), &w = args.at(1);
     check_raw(w, f, "QMatMul");
     const ConcreteView& va = a.view;
     size_t r = va.shape.size();
     int64_t K = va.shape[r - 1], N = va.shape[r - 2];
-    std::vector<int64_t> out_shape(va.shape.begin(), va.shape.end() - 1);
-    Buffer out = Buffer::alloc(out_dtype, out_shape);
     int64_t rows = N ? out.numel() / N : 0;
     const float* pa = static_cast<const float*>(a.buf->data.get());
     float* o = static_cast<float*>(out.data.get());
@@ -88,46 +80,41 @@ CustomKernel qmatmul_kernel(const Format& f) {
     }
     int64_t nb = K / kBlock;
     if (rows <= 4) {
-      // Few rows (decode): multiply straight from the packed blocks.
-      std::vector<float> asum(rows * nb);
+      // Few rows (decode): quantise the activations to int8 blocks once, then multiply straight from the packed
+      // weight blocks in integer arithmetic (memory-bound: each weight byte is read once).
+      std::vector<int8_t> q(rows * K);
+      std::vector<float> d(rows * nb), s(rows * nb);
       for (int64_t row = 0; row < rows; ++row)
-        for (int64_t b = 0; b < nb; ++b) {
-          float s = 0;
-          for (int j = 0; j < kBlock; ++j) s += pa[row_off[row] + b * kBlock + j];
-          asum[row * nb + b] = s;
-        }
+        simd::quantize_q8(pa + row_off[row], nb, q.data() + row * K, d.data() + row * nb, s.data() + row * nb);
       parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
           const uint8_t* wr = raw_row(w, n);
-          for (int64_t row = 0; row < rows; ++row) {
-            const float *x = pa + row_off[row], *xs = asum.data() + row * nb;
-            o[row * N + n] = simd::dot_blocks(f.block_bytes, wr, x, xs, nb);
-          }
+          for (int64_t row = 0; row < rows; ++row)
+            o[row * N + n] = simd::dot_q8(f.block_bytes, wr, q.data() + row * K, d.data() + row * nb,
+                                          s.data() + row * nb, nb);
         }
       });
-      return out;
+      return;
     }
     // Many rows (prefill): unpack weight rows once, three at a time, and run them against 4 rows of activations
-    // at a time (a 4 x 3 register tile); leftover rows take plain dot products.
+    // at a time (a 4 x 3 register tile; fewer rows at the end).
     parallel_for((N + 2) / 3, rows * K * 3, [&](int64_t t0, int64_t t1) {
-      std::vector<float> buf(3 * K);
+      std::vector<float> buf(3 * K, 0.0f);  // a last group of fewer than 3 rows computes on zeros, discarded
       const float* wr[3] = {buf.data(), buf.data() + K, buf.data() + 2 * K};
       for (int64_t t = t0; t < t1; ++t) {
         int64_t n = 3 * t, cols = std::min<int64_t>(3, N - n);
         for (int64_t c = 0; c < cols; ++c) dequant_row(f, raw_row(w, n + c), K, buf.data() + c * K);
-        int64_t row = 0;
-        for (; cols == 3 && row + 4 <= rows; row += 4) {
-          const float* a4[4] = {pa + row_off[row], pa + row_off[row + 1], pa + row_off[row + 2], pa + row_off[row + 3]};
+        for (int64_t row = 0; row < rows; row += 4) {
+          int rr = int(std::min<int64_t>(4, rows - row));
+          const float* a4[4];
+          for (int i = 0; i < rr; ++i) a4[i] = pa + row_off[row + i];
           float r12[12];
-          simd::dot4x3_f32(a4, wr, K, r12);
-          for (int i = 0; i < 4; ++i)
-            for (int c = 0; c < 3; ++c) o[(row + i) * N + n + c] = r12[3 * i + c];
+          simd::dot_rx3_f32(rr, a4, wr, K, r12);
+          for (int i = 0; i < rr; ++i)
+            for (int64_t c = 0; c < cols; ++c) o[(row + i) * N + n + c] = r12[3 * i + c];
         }
-        for (; row < rows; ++row)
-          for (int64_t c = 0; c < cols; ++c) o[row * N + n + c] = simd::dot_f32(pa + row_off[row], wr[c], K);
       }
     });
-    return out;
   };
 }
 

@@ -1,9 +1,12 @@
 // Dot-product kernels: a portable version and, on x86-64, an AVX2/FMA/F16C version chosen at run time by CPUID.
-// `blocks` variants read GGUF blocks (32 weights each) and use, per block,
-//   sum_j (d*q_j + m) * a_j = d * sum_j q_j*a_j + m * sum_j a_j
-// with the block sums of `a` (asum) computed once per activation row.
+// GGUF weight blocks (32 weights: Q8_0 = d, 32 x int8; Q4_0 = d, 16 bytes of nibbles, q - 8; Q4_1 = d, m, 16 bytes)
+// meet int8 activation blocks (scale da, sum sa = da * sum qa) as
+//   sum_j (d*q_j + m) * da*qa_j = d*da * sum_j q_j*qa_j + m * sa
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -38,26 +41,45 @@ inline float dot_f32_portable(const float* a, const float* b, int64_t k) {
   return s;
 }
 
-// A 4 x 3 tile: rows a[0..3] against weight rows w[0..2] (out is row-major 4 x 3). Twelve accumulators, three
-// weight vectors and one activation vector fill AVX2's sixteen registers.
-inline void dot4x3_f32_portable(const float* const* a, const float* const* w, int64_t k, float* out) {
-  for (int r = 0; r < 4; ++r)
+// An R x 3 tile (R <= 4): rows a[0..R) against weight rows w[0..2] (out is row-major R x 3). With R = 4, twelve
+// accumulators, three weight vectors and one activation vector fill AVX2's sixteen registers.
+inline void dot_rx3_f32_portable(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
+  for (int r = 0; r < rows; ++r)
     for (int c = 0; c < 3; ++c) out[3 * r + c] = dot_f32_portable(a[r], w[c], k);
 }
 
-// block_bytes: 34 = Q8_0 (d, 32 x int8), 18 = Q4_0 (d, 16 bytes, q - 8), 20 = Q4_1 (d, m, 16 bytes).
-inline float dot_blocks_portable(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+// Decode quantises the activations to int8 once per row, 32 per block (scale d = max|a| / 127, q = a / d rounded
+// to nearest even, s = d * sum q), so a weight block's dot product runs in integer arithmetic as llama.cpp's does.
+// `d`, `s` and `q` are per block; the portable and AVX2 versions give identical q, d and s.
+inline void quantize_q8_portable(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < nb; ++b, a += 32, q += 32) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(a[j]));
+    float db = amax / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) {
+      q[j] = int8_t(std::nearbyint(a[j] * id));
+      sum += q[j];
+    }
+    d[b] = db;
+    s[b] = db * float(sum);
+  }
+}
+
+inline float dot_q8_portable(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s,
+                             int64_t nb) {
   float total = 0;
-  for (int64_t b = 0; b < nb; ++b, w += block_bytes, a += 32) {
-    float s = 0;
+  for (int64_t b = 0; b < nb; ++b, w += block_bytes, q += 32) {
+    int acc = 0;
     if (block_bytes == 34) {
-      for (int j = 0; j < 32; ++j) s += float(int8_t(w[2 + j])) * a[j];
-      total += half(w) * s;
+      for (int j = 0; j < 32; ++j) acc += int(int8_t(w[2 + j])) * q[j];
+      total += half(w) * (d[b] * float(acc));
       continue;
     }
-    const uint8_t* q = w + (block_bytes == 20 ? 4 : 2);
-    for (int j = 0; j < 16; ++j) s += float(q[j] & 0xf) * a[j] + float(q[j] >> 4) * a[j + 16];
-    total += block_bytes == 20 ? half(w) * s + half(w + 2) * asum[b] : half(w) * (s - 8.0f * asum[b]);
+    const uint8_t* p = w + (block_bytes == 20 ? 4 : 2);
+    for (int j = 0; j < 16; ++j) acc += int(p[j] & 0xf) * q[j] + int(p[j] >> 4) * q[j + 16];
+    total += block_bytes == 20 ? half(w) * (d[b] * float(acc)) + half(w + 2) * s[b]
+                               : half(w) * (d[b] * float(acc) - 8.0f * s[b]);
   }
   return total;
 }
@@ -92,22 +114,23 @@ __attribute__((target("avx2,fma,f16c"))) inline float half_f16c(const uint8_t* p
   return _cvtsh_ss(h);
 }
 
-__attribute__((target("avx2,fma"))) inline void dot4x3_f32_avx2(const float* const* a, const float* const* w,
-                                                                int64_t k, float* out) {
-  __m256 s[12];
+template <int R>
+__attribute__((target("avx2,fma"))) inline void dot_rx3_f32_avx2(const float* const* a, const float* const* w,
+                                                                 int64_t k, float* out) {
+  __m256 s[3 * R];
   for (auto& x : s) x = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     __m256 x0 = _mm256_loadu_ps(w[0] + i), x1 = _mm256_loadu_ps(w[1] + i), x2 = _mm256_loadu_ps(w[2] + i);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < R; ++r) {
       __m256 y = _mm256_loadu_ps(a[r] + i);
       s[3 * r] = _mm256_fmadd_ps(y, x0, s[3 * r]);
       s[3 * r + 1] = _mm256_fmadd_ps(y, x1, s[3 * r + 1]);
       s[3 * r + 2] = _mm256_fmadd_ps(y, x2, s[3 * r + 2]);
     }
   }
-  for (int j = 0; j < 12; ++j) out[j] = hsum(s[j]);
-  for (int r = 0; r < 4; ++r)
+  for (int j = 0; j < 3 * R; ++j) out[j] = hsum(s[j]);
+  for (int r = 0; r < R; ++r)
     for (int c = 0; c < 3; ++c)
       for (int64_t j = i; j < k; ++j) out[3 * r + c] += a[r][j] * w[c][j];
 }
@@ -142,57 +165,108 @@ __attribute__((target("avx2,fma,f16c"))) inline void dequant_blocks_avx2(int blo
   }
 }
 
-// One block's sum_j q_j * a_j as 8 lanes.
-__attribute__((target("avx2,fma,f16c"))) inline __m256 block_products(int block_bytes, const uint8_t* w,
-                                                                       const float* a) {
-  __m256 f0, f1, f2, f3;
-  if (block_bytes == 34) {
-    __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
-    __m128i q1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 18));
-    f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q0));
-    f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q0, 8)));
-    f2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q1));
-    f3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q1, 8)));
-  } else {
-    const __m128i low = _mm_set1_epi8(0x0f);
-    __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (block_bytes == 20 ? 4 : 2)));
-    __m128i lo = _mm_and_si128(q, low), hi = _mm_and_si128(_mm_srli_epi16(q, 4), low);
-    f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-    f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-    f2 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-    f3 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+__attribute__((target("avx2,fma"))) inline void quantize_q8_avx2(const float* a, int64_t nb, int8_t* q, float* d,
+                                                                 float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < nb; ++b, a += 32, q += 32) {
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(a + 8 * i);
+      m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    float db = _mm_cvtss_f32(h) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    __m256i i32[4];
+    for (int i = 0; i < 4; ++i)
+      i32[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], _mm256_set1_ps(id)),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    // Pack 4 x 8 int32 to 32 int8; the packs interleave 128-bit lanes, which the permute puts back in order.
+    __m256i a16 = _mm256_packs_epi32(i32[0], i32[1]), b16 = _mm256_packs_epi32(i32[2], i32[3]);
+    __m256i q8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a16, b16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), q8);
+    __m256i sum = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    d[b] = db;
+    s[b] = db * float(_mm_cvtsi128_si32(t));
   }
-  __m256 s = _mm256_mul_ps(f0, _mm256_loadu_ps(a));
-  s = _mm256_fmadd_ps(f1, _mm256_loadu_ps(a + 8), s);
-  s = _mm256_fmadd_ps(f2, _mm256_loadu_ps(a + 16), s);
-  return _mm256_fmadd_ps(f3, _mm256_loadu_ps(a + 24), s);
 }
 
-__attribute__((target("avx2,fma,f16c"))) inline float dot_blocks_avx2(int block_bytes, const uint8_t* w, const float* a,
-                                                                        const float* asum, int64_t nb) {
-  // Two accumulators, so consecutive blocks do not wait on each other's fused multiply-add.
-  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
-  float extra = 0;  // the m * sum(a) (Q4_1) or -8 * d * sum(a) (Q4_0) terms
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2, w += 2 * block_bytes, a += 64) {
-    float d0 = half_f16c(w), d1 = half_f16c(w + block_bytes);
-    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0), block_products(block_bytes, w, a), t0);
-    t1 = _mm256_fmadd_ps(_mm256_set1_ps(d1), block_products(block_bytes, w + block_bytes, a + 32), t1);
-    if (block_bytes == 20) extra += half_f16c(w + 2) * asum[b] + half_f16c(w + block_bytes + 2) * asum[b + 1];
-    else if (block_bytes == 18) extra -= 8.0f * (d0 * asum[b] + d1 * asum[b + 1]);
+// One block of weights against 32 int8 activations: 8 lanes of int32 partial sums.
+__attribute__((target("avx2,fma"))) inline __m256i block_dot_q8(int block_bytes, const uint8_t* w, const int8_t* q) {
+  __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), p16;
+  if (block_bytes == 34) {
+    // maddubs multiplies unsigned by signed bytes: move the weight's sign onto the activation.
+    __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
+    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
+  } else {
+    __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (block_bytes == 20 ? 4 : 2)));
+    __m256i qw = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+    p16 = _mm256_maddubs_epi16(qw, qa);
   }
-  for (; b < nb; ++b, w += block_bytes, a += 32) {
-    float d = half_f16c(w);
-    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d), block_products(block_bytes, w, a), t0);
-    if (block_bytes == 20) extra += half_f16c(w + 2) * asum[b];
-    else if (block_bytes == 18) extra -= 8.0f * d * asum[b];
+  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline float dot_q8_avx2(int block_bytes, const uint8_t* w, const int8_t* q,
+                                                                    const float* d, const float* s, int64_t nb) {
+  __m256 t0 = _mm256_setzero_ps(), t1 = _mm256_setzero_ps();
+  float extra = 0;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2, w += 2 * block_bytes, q += 64) {
+    float d0 = half_f16c(w), d1 = half_f16c(w + block_bytes);
+    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * d[b]), _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w, q)), t0);
+    t1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * d[b + 1]),
+                         _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w + block_bytes, q + 32)), t1);
+    if (block_bytes == 20) extra += half_f16c(w + 2) * s[b] + half_f16c(w + block_bytes + 2) * s[b + 1];
+    else if (block_bytes == 18) extra -= 8.0f * (d0 * s[b] + d1 * s[b + 1]);
+  }
+  for (; b < nb; ++b, w += block_bytes, q += 32) {
+    float d0 = half_f16c(w);
+    t0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * d[b]), _mm256_cvtepi32_ps(block_dot_q8(block_bytes, w, q)), t0);
+    if (block_bytes == 20) extra += half_f16c(w + 2) * s[b];
+    else if (block_bytes == 18) extra -= 8.0f * d0 * s[b];
   }
   return hsum(_mm256_add_ps(t0, t1)) + extra;
 }
 
+// 2^x for float32: x = n + f with |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (truncation error below
+// 1e-8 relative), times 2^n put into the exponent bits. Within 2 ulp of the correctly rounded result. Lanes outside
+// [-126, 127] (overflow, subnormal results, inf, NaN) take the exact scalar path.
+__attribute__((target("avx2,fma"))) inline void exp2_f32_avx2(const float* x, float* o, int64_t n) {
+  const __m256 c[8] = {_mm256_set1_ps(1.0f), _mm256_set1_ps(0.693147180559945f), _mm256_set1_ps(0.240226506959101f),
+                       _mm256_set1_ps(0.0555041086648216f), _mm256_set1_ps(0.00961812910762848f),
+                       _mm256_set1_ps(0.00133335581464284f), _mm256_set1_ps(0.000154035303933816f),
+                       _mm256_set1_ps(1.52527338040598e-05f)};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    __m256 r = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm256_sub_ps(v, r);
+    __m256 p = c[7];
+    for (int k = 6; k >= 0; --k) p = _mm256_fmadd_ps(p, f, c[k]);
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+    int odd = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-126.0f), _CMP_NGE_UQ),
+                                              _mm256_cmp_ps(v, _mm256_set1_ps(127.0f), _CMP_NLE_UQ)));
+    for (int j = 0; odd; ++j, odd >>= 1)
+      if (odd & 1) o[i + j] = float(std::exp2(double(x[i + j])));
+  }
+  for (; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
+}
+
+__attribute__((target("avx2,fma"))) inline void axpy_f32_avx2(float alpha, const float* x, float* y, int64_t n) {
+  __m256 a = _mm256_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+// LUMINAL_NO_AVX2=1 forces the portable kernels (how the tests check them on an AVX2 machine).
 inline bool have_avx2() {
-  static const bool ok =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                         __builtin_cpu_supports("f16c") && !std::getenv("LUMINAL_NO_AVX2");
   return ok;
 }
 #endif
@@ -205,11 +279,18 @@ inline float dot_f32(const float* a, const float* b, int64_t k) {
   return dot_f32_portable(a, b, k);
 }
 
-inline void dot4x3_f32(const float* const* a, const float* const* w, int64_t k, float* out) {
+inline void dot_rx3_f32(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) return dot4x3_f32_avx2(a, w, k, out);
+  if (have_avx2()) {
+    switch (rows) {
+      case 4: return dot_rx3_f32_avx2<4>(a, w, k, out);
+      case 3: return dot_rx3_f32_avx2<3>(a, w, k, out);
+      case 2: return dot_rx3_f32_avx2<2>(a, w, k, out);
+      case 1: return dot_rx3_f32_avx2<1>(a, w, k, out);
+    }
+  }
 #endif
-  dot4x3_f32_portable(a, w, k, out);
+  dot_rx3_f32_portable(rows, a, w, k, out);
 }
 
 inline void dequant_blocks_portable(int block_bytes, const uint8_t* w, int64_t nb, float* out) {
@@ -239,11 +320,33 @@ inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float*
   dequant_blocks_portable(block_bytes, w, nb, out);
 }
 
-inline float dot_blocks(int block_bytes, const uint8_t* w, const float* a, const float* asum, int64_t nb) {
+// y += alpha * x
+inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) return dot_blocks_avx2(block_bytes, w, a, asum, nb);
+  if (have_avx2()) return axpy_f32_avx2(alpha, x, y, n);
 #endif
-  return dot_blocks_portable(block_bytes, w, a, asum, nb);
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+inline void exp2_f32(const float* x, float* o, int64_t n) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return exp2_f32_avx2(x, o, n);
+#endif
+  for (int64_t i = 0; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
+}
+
+inline void quantize_q8(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return quantize_q8_avx2(a, nb, q, d, s);
+#endif
+  quantize_q8_portable(a, nb, q, d, s);
+}
+
+inline float dot_q8(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s, int64_t nb) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot_q8_avx2(block_bytes, w, q, d, s, nb);
+#endif
+  return dot_q8_portable(block_bytes, w, q, d, s, nb);
 }
 
 }  // namespace luminal::simd
