@@ -149,6 +149,32 @@ def test_float32_exp2_within_one_ulp():
     np.testing.assert_array_equal(got[~normal], want[~normal])
 
 
+@pytest.mark.parametrize("rows_a", [3, 7], ids=["decode", "prefill"])
+def test_projections_of_the_same_activations_are_stacked(rows_a, seed):
+    """Three quantised matmuls of one input become one QMatMul over the stacked weights; their consumers read their
+    columns through rebased views (reshape + transpose, rotate_half's slices and padding, plain)."""
+    rng = np.random.default_rng(seed)
+    ns, k = (32, 16, 48), 64
+    raws = [random_blocks(rng, "Q4_1", n, k) for n in ns]
+    x = rng.standard_normal((rows_a, k)).astype(np.float32)
+    cx = lm.Graph()
+    a = cx.tensor((rows_a, k)).set(x)
+    ws = [dequantize(cx, QuantizedWeight(r, "Q4_1", (n, k))) for r, n in zip(raws, ns)]
+    y1, y2, y3 = (a @ w.T for w in ws)
+    outs = [(y1.reshape(rows_a, 4, 8).transpose(0, 1) * 2).output(),
+            lm.cat([-y2[..., 8:], y2[..., :8]], -1).output(),
+            (y3 + 1).output()]
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert cx.stats().get("QMatMulQ4_1") == 1
+    cx.execute()
+    xq = quantize_q8_np(x)[0] if rows_a <= 4 else x.astype(np.float64)
+    z = [xq @ dequant64(r, "Q4_1", k).T for r in raws]
+    want = [(z[0].reshape(rows_a, 4, 8).transpose(1, 0, 2) * 2), np.concatenate([-z[1][:, 8:], z[1][:, :8]], -1),
+            z[2] + 1]
+    for o, w in zip(outs, want):
+        np.testing.assert_allclose(o.numpy(), w, rtol=1e-4, atol=1e-4, err_msg=f"seed {seed}")
+
+
 def test_simd_level():
     want = "portable" if os.environ.get("LUMINAL_NO_AVX2") else None
     assert lm._core.simd() in ("avx2", "portable") and (want is None or lm._core.simd() == want)

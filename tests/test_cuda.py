@@ -242,3 +242,28 @@ def test_graph_replay_matches_direct_launches_as_dims_change(rng, monkeypatch):
         g.execute()
         np.testing.assert_array_equal(y.numpy(), direct[0])
         np.testing.assert_array_equal(z.numpy(), direct[1])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
+    """Projections of one activation (q/k/v) become one QMatMul over the stacked weights; each reads its columns."""
+    from luminal.quant import QuantizedWeight, dequantize
+
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    x = rng.data((tokens, 64)).astype(np.float32)
+    g = lm.Graph()
+    xt = g.tensor((tokens, 64), name="x").set(x)
+    outs, wants = [], []
+    for j, rows in enumerate((40, 8, 24)):
+        raw, vals = _random_blocks(rng.gen, qtype, rows, 64)
+        w = dequantize(g, QuantizedWeight(raw, qtype, (rows, 64)), name=f"w{j}")
+        outs.append((xt @ w.T).output())
+        wants.append(x.astype(np.float64) @ vals.T)
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    for o, want in zip(outs, wants):
+        atol = 3e-2 * np.abs(want).max() if backend.name in ("cpu", "cuda-nvrtc") and tokens == 1 else 1e-4
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))

@@ -288,6 +288,14 @@ std::vector<int64_t> Graph::kept() const {
   return out;
 }
 
+void Graph::set_input(int64_t consumer, size_t k, const Edge& e) {
+  check_edge(e, op_name(node(consumer).op));
+  Node& n = node_mut(consumer);
+  if (k >= n.inputs.size()) throw std::out_of_range("set_input: no input " + std::to_string(k));
+  n.inputs[k] = e;
+  users_[e.node].push_back(consumer);
+}
+
 void Graph::remove(int64_t id) {
   // The id stays valid (users may hold it) but the node's edges and data go: a compiled LLM step graph leaves
   // thousands of dead nodes behind, and their views are most of the graph's memory.

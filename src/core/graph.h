@@ -98,6 +98,8 @@ class Graph {
   // The same for a replacement holding one value (numel 1): each consumer reads it broadcast to its view.
   void replace_uses_scalar(int64_t old_id, int64_t new_id);
   void remove(int64_t id);
+  // Consumer `consumer`'s input k becomes `e` (a rewrite that moves an edge onto another node and view).
+  void set_input(int64_t consumer, size_t k, const Edge& e);
   int64_t resolve(int64_t id) const;  // follows the remap of replaced nodes
   Edge resolve_edge(const Edge& e) const;  // the same for a read through a view (a one-value replacement broadcasts)
   std::vector<int64_t> users(int64_t id) const;  // alive consumers, each once

@@ -506,27 +506,36 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
 
 // out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers; one warp per output.
 // p[1]: outputs, p[2]: K, p[3]: N.
+// Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row n - start[j];
+// the m + 1 starts follow the views in the parameter slice.
 Step Generator::qmatmul_step(const Node& n, int bb) {
   Step st{Step::Kernel, -1};
-  st.views = {slot(n, 0), slot(n, 1)};
+  int m = int(n.inputs.size()) - 1;
+  for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
   layout(st);
+  int S = st.nparams;
+  st.nparams += m + 1;
   st.launch = Step::PerRow;
   st.block_bytes = bb;
-  const ViewSlot &av = st.views[0], &wv = st.views[1];
+  const ViewSlot& av = st.views[0];
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
   Text k;
-  k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
+  k << "extern \"C\" __global__ void NAME" << params(m + 1) << " {\n"
     << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
-    << "  const u8* w8 = (const u8*)in1;\n"
     << "  for (i64 o = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; o < p[1]; o += nw) {\n"
     << "    i64 n = o % p[3];\n" << unravel(av, 0, R - 2, "o / p[3]");
   std::vector<std::string> idx = names("i", 0, R - 2);
   idx.push_back("n");
   idx.push_back("0");
-  k << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n"
-    << "    i64 wbase = " << ViewText{wv}.off() << " + n * " << ViewText{wv}.stride(0) << ";\n"
-    << "    float acc = 0.0f;\n"
+  k << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n    const u8* w8;\n    i64 wbase;\n";
+  for (int j = 1; j <= m; ++j) {
+    ViewText wv{st.views[j]};
+    std::string cond = j < m ? "if (n < p[" + std::to_string(S + j) + "]) " : "";
+    k << "    " << (j > 1 ? "else " : "") << cond << "{ w8 = (const u8*)in" << j << "; wbase = " << wv.off()
+      << " + (n - p[" << S + j - 1 << "]) * " << wv.stride(0) << "; }\n";
+  }
+  k << "    float acc = 0.0f;\n"
     << "    for (i64 b = lane; b < p[2] / 32; b += 32) {\n"
     << "      const u8* q = w8 + wbase + b * " << bb << ";\n"
     << "      float d = f16_f32((u16)(q[0] | (q[1] << 8)));\n"

@@ -357,11 +357,19 @@ void Runtime::build_plan(const Bindings& dims) {
     }
     int64_t out_n = numel_of(plan->shapes[st.node]);
     if (st.block_bytes && n.name.compare(0, 7, "QMatMul") == 0) {
-      const ConcreteView &a = cv[0], &w = cv[1];
+      const ConcreteView& a = cv[0];
       size_t r = a.shape.size();
-      int64_t K = a.shape[r - 1], N = a.shape[r - 2];
-      if (a.strides[r - 1] != 1 || w.shape.size() != 2 || w.strides[1] != 1 || K % 32 ||
-          w.shape[1] != K / 32 * st.block_bytes || w.shape[0] != N || w.masked)
+      int64_t K = a.shape[r - 1], N = a.shape[r - 2], rows = 0;
+      size_t m = cv.size() - 1, S = size_t(st.nparams) - (m + 1);  // the weights' first rows follow the views
+      bool ok = a.strides[r - 1] == 1 && K % 32 == 0;
+      for (size_t j = 1; j <= m; ++j) {
+        const ConcreteView& w = cv[j];
+        ok = ok && w.shape.size() == 2 && w.strides[1] == 1 && !w.masked && w.shape[1] == K / 32 * st.block_bytes;
+        p[S + j - 1] = rows;
+        rows += ok ? w.shape[0] : 0;
+      }
+      p[S + m] = rows;
+      if (!ok || rows != N)
         throw std::invalid_argument(n.name + ": expects contiguous activation rows and uint8 weight rows of whole blocks");
       p[2] = K;
       p[3] = N;

@@ -2,6 +2,9 @@
 // rows (unpacking needs bit reinterpretation, which the primops lack). The CPU lowering fuses a matmul over a
 // dequantised weight into one kernel that unpacks each weight row on the fly, so no float copy of the weights is
 // ever made, and moves gathers (embeddings) in front of the dequantisation.
+#include <algorithm>
+#include <optional>
+#include <tuple>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -61,14 +64,34 @@ CustomKernel dequant_kernel(const Format& f) {
   };
 }
 
-// out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m.
+// The rows of one or more weights stacked (QMatMul over q/k/v at once): row n of the stack.
+struct StackedRows {
+  std::vector<const KernelArg*> ws;
+  std::vector<int64_t> start;  // first stacked row of each weight, and the total at the end
+  StackedRows(const std::vector<KernelArg>& args, const Format& f) : start{0} {
+    for (size_t i = 1; i < args.size(); ++i) {
+      check_raw(args[i], f, "QMatMul");
+      ws.push_back(&args[i]);
+      start.push_back(start.back() + args[i].view.shape[args[i].view.shape.size() - 2]);
+    }
+  }
+  const uint8_t* operator()(int64_t n) const {
+    size_t j = 0;
+    while (j + 1 < ws.size() && n >= start[j + 1]) ++j;
+    return raw_row(*ws[j], n - start[j]);
+  }
+};
+
+// out[..., m, n] = sum_k a[..., m, n, k] * W[n, k] with W's rows unpacked once per row and reused for every m. W is
+// the stack of the weight inputs' rows (one weight, or several that read the same activations).
 CustomKernel qmatmul_kernel(const Format& f) {
   return [&f](const std::vector<KernelArg>& args, const Node&, Buffer& out) {
-    const KernelArg &a = args.at(0), &w = args.at(1);
-    check_raw(w, f, "QMatMul");
+    const KernelArg& a = args.at(0);
+    StackedRows w(args, f);
     const ConcreteView& va = a.view;
     size_t r = va.shape.size();
     int64_t K = va.shape[r - 1], N = va.shape[r - 2];
+    if (N != w.start.back()) throw std::logic_error("QMatMul: the activations' view does not span the weight rows");
     int64_t rows = N ? out.numel() / N : 0;
     const float* pa = static_cast<const float*>(a.buf->data.get());
     float* o = static_cast<float*>(out.data.get());
@@ -88,7 +111,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
         simd::quantize_q8(pa + row_off[row], nb, q.data() + row * K, d.data() + row * nb, s.data() + row * nb);
       parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
-          const uint8_t* wr = raw_row(w, n);
+          const uint8_t* wr = w(n);
           for (int64_t row = 0; row < rows; ++row)
             o[row * N + n] = simd::dot_q8(f.block_bytes, wr, q.data() + row * K, d.data() + row * nb,
                                           s.data() + row * nb, nb);
@@ -103,7 +126,7 @@ CustomKernel qmatmul_kernel(const Format& f) {
       const float* wr[3] = {buf.data(), buf.data() + K, buf.data() + 2 * K};
       for (int64_t t = t0; t < t1; ++t) {
         int64_t n = 3 * t, cols = std::min<int64_t>(3, N - n);
-        for (int64_t c = 0; c < cols; ++c) dequant_row(f, raw_row(w, n + c), K, buf.data() + c * K);
+        for (int64_t c = 0; c < cols; ++c) dequant_row(f, w(n + c), K, buf.data() + c * K);
         for (int64_t row = 0; row < rows; row += 4) {
           int rr = int(std::min<int64_t>(4, rows - row));
           const float* a4[4];
@@ -132,6 +155,100 @@ Pattern dequant(const std::string& raw) {
   Pattern p = op(Op::Custom, {any(raw)}, "w");
   p.where = [](const Graph& g, int64_t id, const View&) { return format_of(g.node(id).name, "Dequant") != nullptr; };
   return p;
+}
+
+// A view of a contiguous (.., n) buffer, moved onto the same elements of a contiguous (.., total) buffer that
+// holds those rows from column `col`: strides of whole rows scale by total / n, strides within a row stay, and the
+// offset splits into rows and a column. Nothing when the view has other strides (or symbolic ones), or when its
+// valid reads (the padding mask counts: rotate_half pads) reach across a row.
+std::optional<View> rebase_rows(const View& v, int64_t n, int64_t total, int64_t col) {
+  if (!v.offset.is_const()) return std::nullopt;
+  int64_t off = v.offset.as_const(), lo_reach = 0, hi_reach = 0;  // the in-row dims' reach, without the offset
+  View out = v;
+  for (size_t d = 0; d < v.rank(); ++d) {
+    if (v.shape[d] == Expr(1)) continue;  // its stride is never used
+    if (!v.strides[d].is_const() || v.strides[d].as_const() < 0) return std::nullopt;
+    int64_t st = v.strides[d].as_const();
+    if (st % n == 0) {
+      out.strides[d] = Expr(st / n * total);
+      continue;
+    }
+    Expr lo = v.has_mask() ? v.mask[d].first : Expr(0), hi = v.has_mask() ? v.mask[d].second : v.shape[d];
+    if (!lo.is_const() || !hi.is_const()) return std::nullopt;
+    int64_t l = std::max<int64_t>(0, lo.as_const()), h = std::min(hi.as_const(), v.shape[d].is_const() ?
+                                                                  v.shape[d].as_const() : hi.as_const());
+    if (h <= l) continue;  // reads nothing
+    lo_reach += l * st;
+    hi_reach += (h - 1) * st;
+  }
+  int64_t base = off + lo_reach;
+  int64_t r0 = base >= 0 ? base / n : -((-base + n - 1) / n);  // floor
+  int64_t c0 = off - r0 * n;
+  if (c0 + lo_reach < 0 || c0 + hi_reach >= n) return std::nullopt;
+  out.offset = Expr(r0 * total + col + c0);
+  return out;
+}
+
+// QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights:
+// the activations are quantised once and the threads split one range of rows instead of several. The consumers
+// read their columns of the stacked output through rebased views.
+size_t stack_qmatmuls(Graph& g) {
+  struct Group {
+    int64_t a;
+    std::string name;
+    View key;  // the activations' view, its (broadcast) weight-row dim set to 1
+    std::vector<int64_t> ids;
+  };
+  std::vector<Group> groups;
+  std::vector<int64_t> kept = g.kept();
+  for (int64_t id : g.topo_order()) {
+    const Node& n = g.node(id);
+    if (n.op != Op::Custom || !format_of(n.name, "QMatMul") || n.inputs.size() != 2 || !n.shape.back().is_const() ||
+        std::count(kept.begin(), kept.end(), id))
+      continue;
+    View key = n.inputs[0].view;
+    key.shape[key.rank() - 2] = Expr(1);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& gr) {
+      return gr.a == n.inputs[0].node && gr.name == n.name && gr.key == key;
+    });
+    if (it == groups.end()) groups.push_back(Group{n.inputs[0].node, n.name, key, {id}});
+    else it->ids.push_back(id);
+  }
+  size_t count = 0;
+  for (auto& gr : groups) {
+    if (gr.ids.size() < 2) continue;
+    int64_t total = 0;
+    for (int64_t id : gr.ids) total += g.node(id).shape.back().as_const();
+    // Every consumer's view must move onto the stack, or nothing changes.
+    std::vector<std::tuple<int64_t, size_t, View>> edits;
+    bool ok = true;
+    int64_t col = 0;
+    for (int64_t member : gr.ids) {
+      int64_t width = g.node(member).shape.back().as_const();
+      for (int64_t u : g.users(member))
+        for (size_t k = 0; k < g.node(u).inputs.size(); ++k) {
+          const Edge& e = g.node(u).inputs[k];
+          if (e.node != member) continue;
+          auto v = rebase_rows(e.view, width, total, col);
+          if (!v) ok = false;
+          else edits.emplace_back(u, k, *v);
+        }
+      col += width;
+    }
+    if (!ok) continue;
+    const Node& first = g.node(gr.ids[0]);
+    Edge a = first.inputs[0];
+    a.view.shape[a.view.rank() - 2] = Expr(total);
+    std::vector<Edge> inputs{a};
+    for (int64_t id : gr.ids) inputs.push_back(g.node(id).inputs[1]);
+    Shape shape = first.shape;
+    shape.back() = Expr(total);
+    int64_t stacked = g.custom(first.name, inputs, shape, DType::F32);
+    for (auto& [u, k, v] : edits) g.set_input(u, k, Edge{stacked, v});
+    for (int64_t id : gr.ids) g.remove(id);
+    count += 1;
+  }
+  return count;
 }
 
 }  // namespace
@@ -172,7 +289,7 @@ size_t lower_quantized(Graph& g) {
               Shape shape = gg.node(m.root).shape;
               return gg.custom(name, {Edge{rows, View::contiguous(gg.node(rows).shape)}}, shape, DType::F32);
             }};
-  return apply_rules(g, {fuse, swap});
+  return apply_rules(g, {fuse, swap}) + stack_qmatmuls(g);
 }
 
 }  // namespace luminal
