@@ -28,15 +28,23 @@ def _base_seed() -> int:
 BASE_SEED = _base_seed()
 
 
+def _float(dtype: str) -> str:
+    return dtype if dtype in ("float32", "float16", "bfloat16") else "float32"
+
+
 def _backends():
     # Imported lazily so that a half-edited luminal does not break collection of unrelated tests (test_expr.py).
-    from helpers import REFERENCE, Backend, needs_attr, needs_gpu  # noqa: F401
+    from helpers import NVRTC_CHECK, REFERENCE, Backend, needs_attr, needs_cuda, needs_nvrtc  # noqa: F401
     import luminal as lm  # noqa: F401
 
     return [
         REFERENCE,  # the default executor: no backend compiler
         Backend("cpu", lambda dtype: [lm.CPUCompiler()], needs_attr("CPUCompiler")),
-        # Backend("cuda", lambda dtype: [lm.CudaCompiler(dtype)], needs_gpu("CudaCompiler")),
+        # The test's float dtype is the GPU compute dtype (integer and bool tests compute in float32).
+        Backend("cuda", lambda dtype: [lm.CudaCompiler(_float(dtype))], needs_cuda),
+        # Code generation without a GPU: the CUDA lowering runs on the CPU kernels, and every kernel generated is
+        # compiled with NVRTC for sm_80 and sm_90 (so a codegen error fails CI, which has no GPU).
+        Backend("cuda-nvrtc", lambda dtype: [lm.CudaCompiler(_float(dtype), device=None), NVRTC_CHECK], needs_nvrtc),
     ]
 
 
@@ -50,6 +58,15 @@ except Exception:  # pragma: no cover - luminal failed to import; the ops tests 
 def pytest_report_header(config):
     names = ", ".join(b.name for b in BACKENDS) or "none (luminal failed to import)"
     return [f"luminal test seed: LUMINAL_TEST_SEED={BASE_SEED}", f"luminal backends: {names}"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nvrtc_flush():
+    """Compiles the kernels the cuda-nvrtc backend collected and has not compiled yet, once the tests are done."""
+    yield
+    from helpers import NVRTC_CHECK
+
+    NVRTC_CHECK.flush()
 
 
 @pytest.fixture(params=BACKENDS, ids=lambda b: b.name)

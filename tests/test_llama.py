@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from luminal.compiler import CPUCompiler, GenericCompiler
+from luminal.compiler import GenericCompiler
 from luminal.loaders import SafetensorsError, load_llama, load_safetensors
 from luminal.nn import Llama, LlamaConfig, Session, gguf_state_dict, sample
 
@@ -108,13 +108,12 @@ def write_tiny(tmp_path, cfg, seed, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("dtype,tied", [(torch.float32, False), (torch.bfloat16, False), (torch.float16, True)])
-@pytest.mark.parametrize("compilers", ["reference", "cpu"])
-def test_tiny_llama_safetensors(tmp_path, dtype, tied, compilers, seed):
+def test_tiny_llama_safetensors(tmp_path, dtype, tied, backend, seed):
     cfg = tiny_config(tie_word_embeddings=tied)
     ref = write_tiny(tmp_path, cfg, seed, dtype)
     model, tok = load_llama(tmp_path, progress=False)
     assert tok is None
-    comps = [GenericCompiler()] + ([CPUCompiler()] if compilers == "cpu" else [])
+    comps = [GenericCompiler()] + backend.compilers("float32")  # the model computes in float32 (weights widened)
     sess = Session(model, comps, last_only=False, capacity=4)  # both steps outgrow the cache: it doubles, keeping rows
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, 9)
     got = sess.step(ids[:6])

@@ -10,6 +10,7 @@ from .tensor import Tensor
 from .functional import (arange, cat, embedding, full, full_like, ones, ones_like, stack, tril, triu, where,
                          zeros, zeros_like)
 from .compiler import CPUCompiler, GenericCompiler
+from .cuda import CudaCompiler, CudaError, DeviceArray, cuda_available
 
 bool = bool_  # noqa: A001 - torch spells it luminal.bool
 

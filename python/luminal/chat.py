@@ -28,8 +28,13 @@ def main(argv=None):
     from luminal.loaders import load_llama
     from luminal.nn import Session
 
+    compilers = None  # Session's default: GenericCompiler + CPUCompiler
     if args.device == "cuda":
-        sys.exit("The CUDA backend is not built yet: use --device cpu.")
+        ok, why = lm.cuda_available()
+        if not ok:
+            sys.exit(f"--device cuda: no usable GPU ({why.splitlines()[0]})")
+        # Float weights are kept in bfloat16 on the GPU; GGUF block-quantised ones stay packed.
+        compilers = [lm.GenericCompiler(), lm.CudaCompiler("bfloat16")]
     if args.threads:
         lm._core.set_num_threads(args.threads)
     path = args.model
@@ -41,7 +46,7 @@ def main(argv=None):
     model, tok = load_llama(path)
     if tok is None:
         sys.exit(f"{path}: no tokenizer found (a safetensors directory needs tokenizer.json)")
-    session = Session(model)
+    session = Session(model, compilers)
     print(f"[loaded {path} and compiled in {time.perf_counter() - t0:.1f}s]", file=sys.stderr)
 
     messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -111,7 +111,9 @@ class Graph:
         else:
             if self._executor is None:
                 self._executor = _core.Executor(self._g)
-            out = self._executor.run(self._dims, self._data, self._donated)
+            # data left on a GPU (a DeviceArray) comes to the host for the CPU executor
+            data = {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in self._data.items()}
+            out = self._executor.run(self._dims, data, self._donated)
         self._results = out
         self._fresh = set()
         return self
@@ -170,6 +172,14 @@ class Graph:
         if node.op != "Input":
             raise ValueError("set() works on input tensors (made with Graph.tensor), not on computed ones")
         want = dt.dtype(node.dtype)
+        if isinstance(array, _core.DeviceArray):  # a GPU result fed back (e.g. a KV cache): kept on the device
+            have = dt.dtype(array.dtype)
+            if have.is_float != want.is_float or array.ndim != len(node.shape):
+                raise TypeError(f"input '{node.name}' is {want.name} of rank {len(node.shape)}; got a device array "
+                                f"of {have.name} with shape {array.shape}")
+            self._bind(node.shape, array.shape, node.name)
+            self._data[nid] = array
+            return
         if hasattr(array, "detach"):  # a torch tensor
             array = array.detach().cpu()
             array = (array.float() if str(array.dtype) == "torch.bfloat16" else array).numpy()
@@ -218,6 +228,12 @@ class Graph:
         self._fresh.update(new)
 
     def _result(self, out_id: int) -> np.ndarray:
+        r = self._raw_result(out_id)
+        if not isinstance(r, np.ndarray):  # a DeviceArray: copied to the host once, when first read
+            r = self._results[out_id] = r.numpy()
+        return r
+
+    def _raw_result(self, out_id: int):
         if out_id not in self._results:
             raise RuntimeError("no result for this tensor: mark it with .output() before compiling, then call execute()")
         return self._results[out_id]

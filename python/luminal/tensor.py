@@ -114,6 +114,13 @@ class Tensor:
         arr = self.graph._result(self._out)
         return dt.bf16_to_f32(arr) if self.dtype is dt.bfloat16 else arr
 
+    def result(self):
+        """The result as the backend holds it, not copied: a numpy array, or a `luminal.DeviceArray` on the CUDA
+        backend (bfloat16 as raw bits). `set()` accepts either, which is how a KV cache stays on the GPU."""
+        if self._out is None:
+            raise RuntimeError("this tensor is not an output: call .output() on it before compiling")
+        return self.graph._raw_result(self._out)
+
     def item(self):
         return self.numpy().item()
 

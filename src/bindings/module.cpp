@@ -17,6 +17,7 @@ using namespace luminal;
 
 namespace luminal {
 void bind_compiler(py::module_& m);  // compiler_bindings.cpp
+void bind_cuda(py::module_& m);      // cuda_bindings.cpp
 }
 
 
@@ -282,5 +283,6 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("arena_bytes", [](const PyExecutor& self) { return self.ex.arena_bytes(); });
 
   bind_compiler(m);
+  bind_cuda(m);
 
 }

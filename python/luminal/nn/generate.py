@@ -73,7 +73,8 @@ class Session:
         self.graph.set_dim("c", capacity)
         for i, t in enumerate(ins):
             if self._caches:
-                block[i, : self.length] = self._caches[i][: self.length]
+                old = self._caches[i]  # a DeviceArray on the GPU: comes to the host only when the capacity grows
+                block[i, : self.length] = (old if isinstance(old, np.ndarray) else old.numpy())[: self.length]
             t.set(block[i], donate=True)
         self._caches = list(block)
         self._capacity = capacity
@@ -86,11 +87,13 @@ class Session:
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
         self.graph.execute()
-        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor), all did.
-        first = self.cache_out[0][0].numpy()
-        if first.__array_interface__["data"][0] != self._caches[0].__array_interface__["data"][0]:
+        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor), all did. A GPU
+        # backend returns device arrays: they are fed back as they are, so the cache never leaves the device.
+        first = self.cache_out[0][0].result()
+        if not isinstance(first, np.ndarray) or not isinstance(self._caches[0], np.ndarray) or \
+                first.__array_interface__["data"][0] != self._caches[0].__array_interface__["data"][0]:
             for i, (t_in, t_out) in enumerate(zip(self._cache_inputs, self._cache_outputs)):
-                self._caches[i] = t_out.numpy()
+                self._caches[i] = t_out.result()
                 t_in.set(self._caches[i], donate=True)
         self.length += len(ids)
         return self.logits.numpy()

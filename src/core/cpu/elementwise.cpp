@@ -12,24 +12,10 @@
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
+#include "core/kernel_ir.h"
 
 namespace luminal {
 namespace {
-
-struct Instr {
-  enum Kind : uint8_t { Load, Imm, Apply } kind;
-  Op op = Op::Input;  // Apply: a unary or binary primop, or Cast
-  int a = -1, b = -1;  // operand registers
-  int input = -1;      // Load: which kernel input
-  double imm = 0;      // Imm
-  DType dtype = DType::F32;  // the step's result type: values are rounded to it
-};
-
-struct Program {
-  std::vector<Instr> code;  // register i is code[i]'s result; the last one is the output
-  Op reduce = Op::Input;    // SumReduce / MaxReduce over the last axis, or Input for none
-  bool float_registers = false;  // every step float32 or bool, every load float32 or bool
-};
 
 constexpr int64_t kChunk = 256;
 
@@ -159,9 +145,6 @@ bool fusible(const Node& n) {
   return (n.op == Op::SumReduce || n.op == Op::MaxReduce) && n.axis == int(n.inputs[0].view.shape.size()) - 1;
 }
 
-const Program* program_of(const Node& n) {
-  return n.op == Op::Custom && n.name == "Fused" ? static_cast<const Program*>(n.payload.get()) : nullptr;
-}
 
 }  // namespace
 

@@ -1,0 +1,25 @@
+#!/bin/bash
+# One call on a GPU machine: build, run the parity suites on the cuda backend, compute-sanitizer over a subset of
+# the op suite, and (with BENCH=1) the GPU benchmark. Logs go to $OUT (or ./gpu-logs).
+set -o pipefail
+OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
+nvidia-smi -L
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/dev >"$OUT/build.log" 2>&1 \
+  || { tail -50 "$OUT/build.log"; exit 1; }
+export PYTHONPATH=python LUMINAL_TEST_SEED=${LUMINAL_TEST_SEED:-1234} PYTHONUNBUFFERED=1
+SEL=${SEL:-"cuda and not nvrtc"}
+if [ -z "$SKIP_TESTS" ]; then
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -p no:cacheprovider --tb=line -rfE -k "$SEL" \
+    tests/test_cuda.py tests/test_ops.py tests/test_errors.py tests/test_llama.py ${EXTRA_TESTS} 2>&1 \
+    | tee "$OUT/pytest.log" | grep -v "^\[gw" | tail -${TAIL:-60}
+fi
+if [ -n "$SANITIZE" ]; then
+  for tool in memcheck racecheck; do
+    timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
+      tests/test_ops.py tests/test_cuda.py -k "cuda and not nvrtc and ($SANITIZE)" >"$OUT/sanitizer-$tool.log" 2>&1
+    echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.log" | tail -3
+  done
+fi
+if [ -n "$BENCH" ]; then
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/llm_gpu.py $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -40
+fi

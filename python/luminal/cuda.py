@@ -1,0 +1,126 @@
+"""The CUDA backend: `CudaCompiler(dtype)` lowers a graph to CUDA C kernels (the same lowering as the CPU backend:
+MatMul, QMatMul/Dequant, fused register programs), compiles them with NVRTC for the GPU in this machine, and runs
+them through the driver API. libcuda and NVRTC are opened at run time, so this module imports anywhere.
+
+`dtype` is the float type the *weights* are kept in on the GPU: a float32 input that a matmul multiplies by or a
+gather reads rows of (linear and embedding weights) is rounded to `dtype` once, when uploaded, and kernels widen it
+on load, so decoding reads half the bytes. Other inputs (KV caches, RoPE tables, activations you set) and everything
+the graph computes keep their own dtype; kernels compute in float32 registers (float64 where int32 values need
+exactness) and round every step to its node's dtype, as the reference executor does. One exception: with a 16-bit
+`dtype`, a matrix product over 16 or more rows (prefill, attention over a prompt) runs on tensor cores, which round
+both operands to `dtype` (float32 accumulators), as torch does in that dtype. With dtype=float32 the GPU
+computes what the reference computes, up to the rounding of the transcendental functions and the order of sums.
+
+Data stays on the GPU: inputs are uploaded when set (not again while unchanged), outputs are `luminal.DeviceArray`s
+copied to the host only when read (`Tensor.numpy()`), and a DeviceArray given to `Tensor.set` is used in place (how
+`Session` feeds the KV cache back)."""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+from . import _core
+from . import dtypes as dt
+from .compiler import (DeadNodeRemoval, ElementwiseFusion, MatMulLowering, QuantizedLowering, Sequence)
+
+CudaError = _core.CudaError
+DeviceArray = _core.DeviceArray
+
+
+def _nvrtc_dirs() -> list[str]:
+    """Library folders of the nvidia-cuda-nvrtc wheel(s) installed beside us (CUDA 13 and 12 layouts)."""
+    dirs = []
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+
+        for root in nvidia.__path__:
+            for sub in ("cu13/lib", "cuda_nvrtc/lib"):
+                d = os.path.join(root, sub)
+                if glob.glob(os.path.join(d, "libnvrtc.so*")):
+                    dirs.append(d)
+    except ImportError:
+        pass
+    return dirs
+
+
+_core.cuda_set_nvrtc_dirs(_nvrtc_dirs())
+
+
+def cuda_available() -> tuple[bool, str]:
+    """(True, device name) when kernels can run on a GPU here, else (False, the reason)."""
+    reason = _core.cuda_unavailable_reason()
+    if reason:
+        return False, reason
+    return True, _core.cuda_device()["name"]
+
+
+def from_torch(t) -> DeviceArray:
+    """A copy, on the device, of a contiguous torch CUDA tensor (no trip through the host); for Tensor.set."""
+    names = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+             "torch.int32": "int32", "torch.uint8": "uint8", "torch.bool": "bool"}
+    if not t.is_cuda or not t.is_contiguous() or str(t.dtype) not in names:
+        raise ValueError(f"from_torch needs a contiguous CUDA tensor of {', '.join(names)}; got {t.dtype} on {t.device}")
+    return _core.cuda_copy_from_device(t.data_ptr(), list(t.shape), names[str(t.dtype)])
+
+
+def generate_sources(graph, dtype="float32") -> str:
+    """The CUDA C module a compiled graph runs (call after the compilers; needs no GPU)."""
+    return _core.cuda_generate(graph._g, dt.dtype(dtype).name).source
+
+
+def compile_source(source: str, arch: int) -> bytes:
+    """Compiles CUDA C with NVRTC for sm_<arch>; raises CudaError with NVRTC's log and the source on an error."""
+    return _core.cuda_compile(source, int(arch))[0]
+
+
+class CudaCompiler:
+    """Lowers the graph to CUDA kernels and makes `graph.execute()` run them on the GPU (run GenericCompiler first,
+    and this compiler last). `device=None` generates the kernels without a GPU (see `schedule.source`)."""
+
+    def __init__(self, dtype="float32", device="auto"):
+        self.dtype = dt.dtype(dtype)
+        if not self.dtype.is_float:
+            raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
+        self.device = device
+        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(), DeadNodeRemoval()]
+        self.schedule = None
+
+    def compile(self, graph, remap):
+        n = Sequence(*self.passes).compile(graph, remap)
+        self.schedule = _core.cuda_generate(graph._g, self.dtype.name)
+        if self.device is not None:
+            graph._runtime = _Runtime(graph, self.schedule)
+        return n
+
+
+class _Runtime:
+    """Runs a schedule: uploads inputs that changed, runs, returns {output id: DeviceArray}."""
+
+    def __init__(self, graph, schedule):
+        self.graph, self.schedule = graph, schedule
+        self.rt = _core.CudaRuntime(graph._g, schedule)
+        self.uploaded: dict[int, tuple[object, DeviceArray]] = {}  # input id -> (host array, its device copy)
+        g = graph._g
+        self.live_inputs = {i for i in g.topo_order() if g.node(i).op == "Input"}  # data for others is not sent
+
+    def _device_input(self, nid: int, value) -> DeviceArray:
+        want = self.schedule.storage_dtype(nid)
+        if isinstance(value, DeviceArray):
+            return value if value.dtype == want else value.astype(want)
+        cached = self.uploaded.get(nid)
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        arr = np.asarray(value)
+        node_dtype = dt.dtype(self.graph._g.node(nid).dtype)
+        if want != node_dtype.name:  # a float32 input kept in the compute dtype
+            arr = arr.astype(np.float32)
+            arr = dt.bf16_bits(arr) if want == "bfloat16" else arr.astype(dt.dtype(want).np)
+        dev = _core.cuda_upload(np.require(arr, requirements="C"), want)  # keeps 0-d arrays 0-d
+        self.uploaded[nid] = (value, dev)
+        return dev
+
+    def run(self, data: dict, dims: dict) -> dict:
+        inputs = {nid: self._device_input(nid, v) for nid, v in data.items() if nid in self.live_inputs}
+        return self.rt.run(inputs, dims)

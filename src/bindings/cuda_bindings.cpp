@@ -1,0 +1,131 @@
+// Bindings of the CUDA backend: availability, code generation (no GPU needed), NVRTC compilation, device arrays
+// and the runtime. CUDA failures raise luminal.CudaError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "cuda/api.h"
+#include "cuda/codegen.h"
+#include "cuda/runtime.h"
+
+namespace py = pybind11;
+
+namespace luminal {
+namespace {
+
+py::dtype np_dtype(DType d) {
+  switch (d) {
+    case DType::F32: return py::dtype::of<float>();
+    case DType::F16: return py::dtype("float16");
+    case DType::BF16: return py::dtype::of<uint16_t>();  // raw bits, as everywhere else
+    case DType::I32: return py::dtype::of<int32_t>();
+    case DType::U8: return py::dtype::of<uint8_t>();
+    case DType::Bool: return py::dtype::of<bool>();
+  }
+  return py::dtype::of<float>();
+}
+
+Bindings bindings_of(const py::dict& d) {
+  Bindings b;
+  for (auto [k, v] : d) b[k.cast<std::string>()] = v.cast<int64_t>();
+  return b;
+}
+
+std::string repr(const cuda::DeviceArray& a) {
+  std::string s = "DeviceArray(shape=(";
+  for (size_t i = 0; i < a.shape.size(); ++i) s += std::to_string(a.shape[i]) + (a.shape.size() == 1 || i + 1 < a.shape.size() ? "," : "");
+  return s + "), dtype=" + dtype_name(a.dtype) + ")";
+}
+
+}  // namespace
+
+void bind_cuda(py::module_& m) {
+  using namespace cuda;
+  py::register_exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
+  m.def("cuda_set_nvrtc_dirs", &set_nvrtc_dirs, "Directories searched first for libnvrtc (the nvidia-cuda-nvrtc wheel).");
+  m.def("cuda_unavailable_reason", &available_reason, "'' when a CUDA GPU can be used, else why not.");
+  m.def("cuda_device", [] {
+    const Device& d = device();
+    return py::dict(py::arg("name") = d.name, py::arg("compute_capability") = d.major * 10 + d.minor,
+                    py::arg("multiprocessors") = d.sms);
+  });
+  m.def("nvrtc_path", &nvrtc_path);
+  m.def("cuda_prelude", [] { return std::string(prelude()); });
+  m.def("nvrtc_version", &nvrtc_version);
+  m.def("cuda_compile", [](const std::string& src, int arch) {
+    std::string bin;
+    bool hit = false;
+    {
+      py::gil_scoped_release release;
+      bin = compile_cubin(src, arch, &hit);
+    }
+    return py::make_tuple(py::bytes(bin), hit);
+  }, py::arg("source"), py::arg("arch"), "Compiles CUDA C to a cubin for sm_<arch> (through the disk cache): (cubin, cache hit).");
+
+  py::class_<Schedule>(m, "CudaSchedule", "The kernels and steps generated for a graph (no GPU needed).")
+      .def_readonly("source", &Schedule::source)
+      .def_readonly("kernel_texts", &Schedule::kernels)
+      .def("storage_dtype", [](const Schedule& s, int64_t id) { return std::string(dtype_name(s.storage.at(id))); })
+      .def("kernels", [](const Schedule& s) {
+        py::list out;
+        for (auto& st : s.steps)
+          if (st.kind == Step::Kernel) out.append(py::make_tuple(st.node, st.fn, st.second_fn));
+        return out;
+      })
+      .def("host_steps", [](const Schedule& s) {
+        std::vector<int64_t> out;
+        for (auto& st : s.steps)
+          if (st.kind == Step::Host) out.push_back(st.node);
+        return out;
+      });
+  m.def("cuda_generate", [](const Graph& g, const std::string& dtype) { return generate(g, dtype_from_name(dtype)); });
+
+  py::class_<DeviceArray>(m, "DeviceArray", "An array in GPU memory: a graph output, or data for Graph.set.")
+      .def_property_readonly("shape", [](const DeviceArray& a) { return py::tuple(py::cast(a.shape)); })
+      .def_property_readonly("dtype", [](const DeviceArray& a) { return std::string(dtype_name(a.dtype)); })
+      .def_property_readonly("nbytes", &DeviceArray::nbytes)
+      .def_property_readonly("ndim", [](const DeviceArray& a) { return a.shape.size(); })
+      .def("numpy", [](const DeviceArray& a) {
+        std::vector<py::ssize_t> shape(a.shape.begin(), a.shape.end());
+        py::array out(np_dtype(a.dtype), shape);
+        download(a, out.mutable_data());
+        return out;
+      }, "Copies the data to the host (bfloat16 as raw uint16 bits).")
+      .def("astype", [](const DeviceArray& a, const std::string& d) { return convert(a, dtype_from_name(d)); })
+      .def("__repr__", &repr);
+  m.def("cuda_upload", [](py::array arr, const std::string& dtype) {
+    DType d = dtype_from_name(dtype);
+    py::array c = py::array::ensure(arr, py::array::c_style);
+    if (!c || size_t(c.itemsize()) != dtype_size(d))
+      throw std::invalid_argument(std::string("cuda_upload: array item size does not match ") + dtype_name(d));
+    std::vector<int64_t> shape(c.shape(), c.shape() + c.ndim());
+    return upload(c.data(), d, shape);
+  });
+
+  m.def("cuda_copy_from_device", [](uintptr_t ptr, const std::vector<int64_t>& shape, const std::string& dtype) {
+    DeviceArray a;
+    a.dtype = dtype_from_name(dtype);
+    a.shape = shape;
+    a.buf = device_alloc(a.nbytes());
+    if (a.nbytes()) check(driver().cuMemcpyDtoD(a.buf->ptr, CUdeviceptr(ptr), a.nbytes()), "cuMemcpyDtoD");
+    return a;
+  }, "A device copy of `shape` elements of `dtype` at a device address of this process's context.");
+
+  py::class_<Runtime>(m, "CudaRuntime")
+      .def(py::init([](const Graph& g, const Schedule& s) { return new Runtime(g, s); }))
+      .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims) {
+        std::unordered_map<int64_t, DeviceArray> in;
+        for (auto [k, v] : inputs) in[k.cast<int64_t>()] = v.cast<DeviceArray>();
+        Bindings b = bindings_of(dims);
+        std::unordered_map<int64_t, DeviceArray> out;
+        {
+          py::gil_scoped_release release;  // host steps retake it for Python kernels
+          out = rt.run(in, b);
+        }
+        py::dict r;
+        for (auto& [id, a] : out) r[py::int_(id)] = a;
+        return r;
+      });
+}
+
+}  // namespace luminal

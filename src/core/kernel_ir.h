@@ -1,0 +1,31 @@
+// The kernel IR that backends share: a fused elementwise kernel is a small register program over its inputs' views
+// (optionally ending in a sum or max over the last axis). The lowering (what to fuse) builds it once; each backend
+// runs or prints it (the CPU interprets it, CUDA prints it as CUDA C).
+#pragma once
+#include <vector>
+
+#include "core/graph.h"
+
+namespace luminal {
+
+struct Instr {
+  enum Kind : uint8_t { Load, Imm, Apply } kind;
+  Op op = Op::Input;  // Apply: a unary or binary primop, or Cast
+  int a = -1, b = -1;  // operand registers
+  int input = -1;      // Load: which kernel input
+  double imm = 0;      // Imm
+  DType dtype = DType::F32;  // the step's result type: values are rounded to it
+};
+
+struct Program {
+  std::vector<Instr> code;  // register i is code[i]'s result; the last one is the output
+  Op reduce = Op::Input;    // SumReduce / MaxReduce over the last axis, or Input for none
+  bool float_registers = false;  // CPU: every step float32 or bool, every load float32 or bool
+};
+
+// The program a "Fused" node carries, or null for any other node.
+inline const Program* program_of(const Node& n) {
+  return n.op == Op::Custom && n.name == "Fused" ? static_cast<const Program*>(n.payload.get()) : nullptr;
+}
+
+}  // namespace luminal

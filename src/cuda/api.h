@@ -1,0 +1,112 @@
+// The CUDA driver API and NVRTC, opened at run time with dlopen: our own declarations of the few entry points used,
+// so building needs no CUDA headers and the module imports on machines without a GPU. Every call is checked; a
+// failure throws CudaError naming the call, the CUDA error and (where known) the kernel.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace luminal {
+namespace cuda {
+
+struct CudaError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+using CUgraph = struct CUgraph_st*;
+using CUgraphNode = struct CUgraphNode_st*;
+using CUgraphExec = struct CUgraphExec_st*;
+using nvrtcResult = int;
+
+// cuda.h's CUDA_KERNEL_NODE_PARAMS_v2.
+struct KernelNodeParams {
+  CUfunction func;
+  unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  void** kernelParams;
+  void** extra;
+  void* kern;  // CUkernel: null (func is used)
+  CUcontext ctx;  // null: the current context
+};
+using nvrtcProgram = struct _nvrtcProgram*;
+
+// Driver entry points (the _v2 symbols where cuda.h maps a name onto one).
+struct Driver {
+  CUresult (*cuInit)(unsigned);
+  CUresult (*cuDriverGetVersion)(int*);
+  CUresult (*cuDeviceGetCount)(int*);
+  CUresult (*cuDeviceGet)(CUdevice*, int);
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice);
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice);
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice);
+  CUresult (*cuCtxSetCurrent)(CUcontext);
+  CUresult (*cuCtxSynchronize)();
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*);
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
+  CUresult (*cuMemAlloc)(CUdeviceptr*, size_t);
+  CUresult (*cuMemFree)(CUdeviceptr);
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
+  CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+  CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);
+  CUresult (*cuMemsetD8)(CUdeviceptr, unsigned char, size_t);
+  CUresult (*cuMemGetInfo)(size_t*, size_t*);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             CUstream, void**, void**);
+  CUresult (*cuGetErrorName)(CUresult, const char**);
+  CUresult (*cuGraphCreate)(CUgraph*, unsigned);
+  CUresult (*cuGraphAddKernelNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, const KernelNodeParams*);
+  CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
+  CUresult (*cuGraphExecKernelNodeSetParams)(CUgraphExec, CUgraphNode, const KernelNodeParams*);
+  CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
+  CUresult (*cuGraphExecDestroy)(CUgraphExec);
+  CUresult (*cuGraphDestroy)(CUgraph);
+};
+
+struct Nvrtc {
+  nvrtcResult (*nvrtcVersion)(int*, int*);
+  nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram*, const char*, const char*, int, const char* const*, const char* const*);
+  nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char* const*);
+  nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t*);
+  nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char*);
+  nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram*);
+  const char* (*nvrtcGetErrorString)(nvrtcResult);
+};
+
+// Library search: `set_nvrtc_dirs` takes the directories Python found (the nvidia-cuda-nvrtc wheel); then
+// CUDA_HOME / CUDA_PATH, then the system loader. Paths can be overridden with LUMINAL_LIBCUDA / LUMINAL_NVRTC.
+void set_nvrtc_dirs(const std::vector<std::string>& dirs);
+const Nvrtc& nvrtc();   // throws CudaError when NVRTC cannot be opened
+const Driver& driver();  // throws CudaError when libcuda cannot be opened or initialised
+std::string nvrtc_path();  // the library actually opened
+int nvrtc_version();       // major * 1000 + minor * 10
+
+// Throws CudaError "<call> failed: <CUDA_ERROR_NAME>[ in kernel <k>]" unless r is CUDA_SUCCESS.
+void check(CUresult r, const char* call, const std::string& kernel = "");
+
+// The device this process uses (device 0, its primary context made current on the calling thread).
+struct Device {
+  CUdevice dev = 0;
+  CUcontext ctx = nullptr;
+  int major = 0, minor = 0, sms = 0;
+  std::string name;
+};
+const Device& device();
+std::string available_reason();  // "" when a GPU can be used, else why not
+
+// Compiles CUDA C for `arch` (e.g. 90 -> sm_90) into a cubin, through the on-disk cache
+// ($LUMINAL_CACHE or ~/.cache/luminal/cuda) keyed by a hash of source, arch, options and NVRTC version.
+// A compile error throws CudaError carrying NVRTC's log and the numbered source.
+std::string compile_cubin(const std::string& source, int arch, bool* cache_hit = nullptr);
+
+}  // namespace cuda
+}  // namespace luminal

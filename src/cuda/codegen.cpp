@@ -1,0 +1,721 @@
+#include "cuda/codegen.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+
+namespace luminal {
+namespace cuda {
+namespace {
+
+// Conversions and rounding helpers every module starts with. Rounding follows dtype.h exactly: a float result is
+// rounded to float32 first, then to the storage type (round to nearest even); int32 truncates and saturates (NaN
+// is 0); uint8 wraps; bool is `!= 0`.
+const char* kPrelude = R"(typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned char u8;
+__device__ __forceinline__ float f16_f32(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f32_f16(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf16_f32(u16 b) { return __uint_as_float(((unsigned)b) << 16); }
+__device__ __forceinline__ u16 f32_bf16(float f) {
+  unsigned x = __float_as_uint(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (u16)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return (u16)(x >> 16);
+}
+__device__ __forceinline__ double trunc_i32(double v) {
+  if (isnan(v)) return 0.0;
+  return fmin(fmax(trunc(v), -2147483648.0), 2147483647.0);
+}
+__device__ __forceinline__ u8 wrap_u8(double v) {
+  if (isnan(v)) return 0;
+  double t = trunc(v);
+  return (u8)((t < -9e18 || t > 9e18) ? 0 : ((long long)t & 0xff));
+}
+__device__ __forceinline__ float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
+__device__ __forceinline__ float ld_float16(const void* b, i64 o) { return f16_f32(((const u16*)b)[o]); }
+__device__ __forceinline__ float ld_bfloat16(const void* b, i64 o) { return bf16_f32(((const u16*)b)[o]); }
+__device__ __forceinline__ double ld_int32(const void* b, i64 o) { return ((const int*)b)[o]; }
+__device__ __forceinline__ double ld_uint8(const void* b, i64 o) { return ((const u8*)b)[o]; }
+__device__ __forceinline__ float ld_bool(const void* b, i64 o) { return ((const u8*)b)[o] ? 1.0f : 0.0f; }
+template <class T> __device__ __forceinline__ void st_float32(void* b, i64 o, T v) { ((float*)b)[o] = (float)v; }
+template <class T> __device__ __forceinline__ void st_float16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_f16((float)v); }
+template <class T> __device__ __forceinline__ void st_bfloat16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_bf16((float)v); }
+template <class T> __device__ __forceinline__ void st_int32(void* b, i64 o, T v) { ((int*)b)[o] = (int)trunc_i32((double)v); }
+template <class T> __device__ __forceinline__ void st_uint8(void* b, i64 o, T v) { ((u8*)b)[o] = wrap_u8((double)v); }
+template <class T> __device__ __forceinline__ void st_bool(void* b, i64 o, T v) { ((u8*)b)[o] = v != (T)0; }
+template <class T> __device__ __forceinline__ T rd_float32(T v) { return (T)(float)v; }
+template <class T> __device__ __forceinline__ T rd_float16(T v) { return (T)f16_f32(f32_f16((float)v)); }
+template <class T> __device__ __forceinline__ T rd_bfloat16(T v) { return (T)bf16_f32(f32_bf16((float)v)); }
+template <class T> __device__ __forceinline__ T rd_int32(T v) { return (T)trunc_i32((double)v); }
+template <class T> __device__ __forceinline__ T rd_uint8(T v) { return (T)wrap_u8((double)v); }
+template <class T> __device__ __forceinline__ T rd_bool(T v) { return v != (T)0 ? (T)1 : (T)0; }
+__device__ __forceinline__ float op_log2(float x) { return log2f(x); }
+__device__ __forceinline__ double op_log2(double x) { return log2(x); }
+__device__ __forceinline__ float op_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ double op_exp2(double x) { return exp2(x); }
+__device__ __forceinline__ float op_sin(float x) { return sinf(x); }
+__device__ __forceinline__ double op_sin(double x) { return sin(x); }
+__device__ __forceinline__ float op_sqrt(float x) { return sqrtf(x); }
+__device__ __forceinline__ double op_sqrt(double x) { return sqrt(x); }
+__device__ __forceinline__ float op_mod(float a, float b) { return fmodf(a, b); }
+__device__ __forceinline__ double op_mod(double a, double b) { return fmod(a, b); }
+template <class T> __device__ __forceinline__ T op_max(T acc, T x) { return (isnan(x) || x > acc) ? x : acc; }
+// The first failing check wins: node id * 4 + code (1: a padded view read outside its buffer, 2: a gather index,
+// 3: a scatter index out of range).
+__device__ __forceinline__ void fail(int* err, const i64* p, int code) { atomicCAS(err, 0, (int)(p[0] * 4 + code)); }
+// Eight consecutive elements from a 16-byte-aligned address (float32: two 16-byte loads).
+__device__ __forceinline__ void ld8_float32(const void* b, i64 o, float* x) {
+  const float4* q = (const float4*)((const float*)b + o);
+  float4 u = q[0], v = q[1];
+  x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+}
+__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) {
+  uint4 u = *(const uint4*)((const u16*)b + o);
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int j = 0; j < 4; ++j) { x[2 * j] = f16_f32((u16)(w[j] & 0xffff)); x[2 * j + 1] = f16_f32((u16)(w[j] >> 16)); }
+}
+__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) {
+  uint4 u = *(const uint4*)((const u16*)b + o);
+  unsigned w[4] = {u.x, u.y, u.z, u.w};
+  for (int j = 0; j < 4; ++j) { x[2 * j] = __uint_as_float(w[j] << 16); x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u); }
+}
+template <class T> __device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+template <class T> __device__ __forceinline__ T warp_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = op_max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+)";
+
+bool is_int(DType d) { return d == DType::I32 || d == DType::U8; }
+
+std::string lit(double v, bool as_float) {
+  char buf[64];
+  if (std::isnan(v)) return as_float ? "__int_as_float(0x7fc00000)" : "__longlong_as_double(0x7ff8000000000000LL)";
+  if (std::isinf(v)) {
+    std::string s = as_float ? "__int_as_float(0x7f800000)" : "__longlong_as_double(0x7ff0000000000000LL)";
+    return v < 0 ? "(-" + s + ")" : s;
+  }
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return as_float ? "(float)" + s : s;
+}
+
+// A string builder (iostreams are avoided: see api.cpp's note on libstdc++ locale facets).
+struct Text {
+  std::string s;
+  Text& operator<<(const std::string& x) { s += x; return *this; }
+  Text& operator<<(const char* x) { s += x; return *this; }
+  Text& operator<<(char c) { s += c; return *this; }
+  Text& operator<<(int v) { s += std::to_string(v); return *this; }
+  Text& operator<<(long long v) { s += std::to_string(v); return *this; }
+  const std::string& str() const { return s; }
+};
+
+// Text that reads slots of a view.
+struct ViewText {
+  const ViewSlot& s;
+  std::string off() const { return "p[" + std::to_string(s.base) + "]"; }
+  std::string size() const { return "p[" + std::to_string(s.base + 1) + "]"; }
+  std::string shape(int d) const { return "p[" + std::to_string(s.base + 2 + d) + "]"; }
+  std::string stride(int d) const { return "p[" + std::to_string(s.base + 2 + s.rank + d) + "]"; }
+  std::string lo(int d) const { return "p[" + std::to_string(s.base + 2 + 2 * s.rank + d) + "]"; }
+  std::string hi(int d) const { return "p[" + std::to_string(s.base + 2 + 3 * s.rank + d) + "]"; }
+  std::string offset(const std::vector<std::string>& idx) const {
+    std::string e = off();
+    for (int d = 0; d < s.rank; ++d) e += " + " + idx[d] + " * " + stride(d);
+    return e;
+  }
+  std::string valid(const std::vector<std::string>& idx) const {
+    std::string e;
+    for (int d = 0; d < s.rank; ++d)
+      e += (e.empty() ? "" : " && ") + idx[d] + " >= " + lo(d) + " && " + idx[d] + " < " + hi(d);
+    return e.empty() ? "true" : e;
+  }
+};
+
+// Statements that set `var` (already declared, of type T) to input `in`'s element at `idx` through its view.
+// Unmasked views are checked against their buffer on the host before launch; padded ones are checked here.
+std::string load(const ViewSlot& s, const std::vector<std::string>& idx, const std::string& in, DType storage,
+                 const std::string& T, const std::string& var) {
+  ViewText v{s};
+  std::string ld = "ld_" + std::string(dtype_name(storage)) + "(" + in + ", ";
+  if (!s.masked) return "    " + var + " = (" + T + ")" + ld + v.offset(idx) + ");\n";
+  return "    { i64 o = " + v.offset(idx) + "; " + var + " = (" + T + ")0;\n      if (" + v.valid(idx) +
+         ") { if (o < 0 || o >= " + v.size() + ") fail(err, p, 1); else " + var + " = (" + T + ")" + ld + "o); } }\n";
+}
+
+// Declares i<from>..i<to-1> by unravelling `flat` over the view's shape (dims from..to-1, row-major).
+std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat, const std::string& prefix = "i") {
+  if (from >= to) return "";
+  ViewText v{s};
+  std::string out = "    i64 r_ = " + flat + ";\n";
+  for (int d = to - 1; d >= from; --d) {
+    if (d == from) out += "    i64 " + prefix + std::to_string(d) + " = r_;\n";
+    else out += "    i64 " + prefix + std::to_string(d) + " = r_ % " + v.shape(d) + "; r_ /= " + v.shape(d) + ";\n";
+  }
+  return out;
+}
+
+std::vector<std::string> names(const std::string& prefix, int from, int to) {
+  std::vector<std::string> v;
+  for (int d = from; d < to; ++d) v.push_back(prefix + std::to_string(d));
+  return v;
+}
+
+std::string params(int nin) {
+  std::string s = "(const i64* __restrict__ p, int* __restrict__ err, void* __restrict__ out";
+  for (int k = 0; k < nin; ++k) s += ", const void* __restrict__ in" + std::to_string(k);
+  return s + ")";
+}
+
+class Generator {
+ public:
+  Generator(const Graph& g, DType compute) : g_(g), compute_(compute) {}
+
+  Schedule run();
+
+ private:
+  const Graph& g_;
+  DType compute_;
+  Schedule sched_;
+  std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
+  std::string fns_;
+
+  DType storage(int64_t id) const { return sched_.storage[id]; }
+
+  // Adds a kernel whose text uses NAME for its function name; returns the name it gets.
+  std::string add_kernel(const std::string& text) {
+    auto it = bodies_.find(text);
+    if (it != bodies_.end()) return it->second;
+    std::string name = "k" + std::to_string(bodies_.size());
+    bodies_[text] = name;
+    std::string t = text;
+    t.replace(t.find("NAME"), 4, name);
+    fns_ += t + "\n";
+    sched_.kernels.emplace_back(name, t);
+    return name;
+  }
+
+  // Lays out views after the 4 header slots (node id, work items, length, extra).
+  static void layout(Step& st) {
+    int base = 4;
+    for (auto& v : st.views) {
+      v.base = base;
+      base += 2 + 2 * v.rank + (v.masked ? 2 * v.rank : 0);
+    }
+    st.nparams = base;
+  }
+
+  ViewSlot slot(const Node& n, int edge, std::vector<int> perm = {}) {
+    ViewSlot s;
+    s.edge = edge;
+    s.perm = std::move(perm);
+    s.rank = int(n.inputs[edge].view.rank());
+    s.masked = n.inputs[edge].view.has_mask();
+    return s;
+  }
+
+  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
+  Step program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm = {});
+  Step gather_step(const Node& n);
+  Step scatter_step(const Node& n);
+  Step qmatmul_step(const Node& n, int block_bytes);
+  void matmul_fast_kernels(const Node& n, Step& st);
+  Step dequant_step(const Node& n, int block_bytes);
+};
+
+std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
+  bool reduce = prog.reduce != Op::Input;
+  // Registers are float unless a value may be an integer float cannot hold exactly.
+  bool dbl = is_int(n.dtype);
+  for (auto& in : prog.code) {
+    if (is_int(in.dtype)) dbl = true;
+    if (in.kind == Instr::Load && is_int(storage(n.inputs[in.input].node))) dbl = true;
+    if (in.kind == Instr::Imm && double(float(in.imm)) != in.imm && !std::isnan(in.imm)) dbl = true;
+  }
+  std::string T = dbl ? "double" : "float";
+  int R = st.views.empty() ? 0 : st.views[0].rank;
+  std::vector<std::string> idx = names("i", 0, R);
+  Text body;
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    std::string r = "r" + std::to_string(i);
+    body << "    " << T << " " << r << ";\n";
+    if (in.kind == Instr::Load) {
+      body << load(st.views[in.input], idx, "in" + std::to_string(in.input), storage(n.inputs[in.input].node), T, r);
+      continue;
+    }
+    if (in.kind == Instr::Imm) {
+      body << "    " << r << " = " << lit(in.imm, !dbl) << ";\n";
+      continue;
+    }
+    std::string a = "r" + std::to_string(in.a), b = in.b >= 0 ? "r" + std::to_string(in.b) : "";
+    std::string e;
+    switch (in.op) {
+      case Op::Log2: e = "op_log2(" + a + ")"; break;
+      case Op::Exp2: e = "op_exp2(" + a + ")"; break;
+      case Op::Sin: e = "op_sin(" + a + ")"; break;
+      case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
+      case Op::Recip: e = "(" + T + ")1 / " + a; break;
+      case Op::Add: e = a + " + " + b; break;
+      case Op::Mul: e = a + " * " + b; break;
+      case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
+      case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
+      default: e = a; break;  // Cast / copy: the rounding does the work
+    }
+    body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
+  }
+  std::string res = "r" + std::to_string(prog.code.size() - 1);
+  std::string st_fn = std::string("st_") + dtype_name(n.dtype);
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(int(n.inputs.size())) << " {\n";
+  if (!reduce) {
+    k << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n";
+    if (R) k << unravel(st.views[0], 0, R, "t");
+    k << body.str() << "    " << st_fn << "(out, t, " << res << ");\n  }\n}\n";
+    return k.str();
+  }
+  bool sum = prog.reduce == Op::SumReduce;
+  std::string init = sum ? "(" + T + ")0" : lit(-INFINITY, !dbl);
+  std::string combine = sum ? "acc + " + res : "op_max(acc, " + res + ")", wred = sum ? "warp_sum(acc)" : "warp_max(acc)";
+  if (block_per_row) {
+    // A block of 256 per output row (few long rows, e.g. RMSNorm in decode): warps combine through shared memory.
+    k << "  __shared__ " << T << " part[8];\n  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
+      << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
+    if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
+    k << "    " << T << " acc = " << init << ";\n"
+      << "    for (i64 i" << R - 1 << " = threadIdx.x; i" << R - 1 << " < p[2]; i" << R - 1 << " += blockDim.x) {\n"
+      << body.str() << "    acc = " << combine << ";\n    }\n"
+      << "    acc = " << wred << ";\n    if (lane == 0) part[w] = acc;\n    __syncthreads();\n"
+      << "    if (w == 0) {\n      acc = lane < 8 ? part[lane] : " << init << ";\n      acc = " << wred << ";\n"
+      << "      if (lane == 0) " << st_fn << "(out, row, acc);\n    }\n    __syncthreads();\n  }\n}\n";
+    return k.str();
+  }
+  // One warp per output row: lanes stride over the reduced (last) axis, then combine by shuffles.
+  k << "  int lane = threadIdx.x & 31;\n"
+    << "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+    << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n";
+  if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
+  k << "    " << T << " acc = " << init << ";\n"
+    << "    for (i64 i" << R - 1 << " = lane; i" << R - 1 << " < p[2]; i" << R - 1 << " += 32) {\n"
+    << body.str() << "    acc = " << combine << ";\n    }\n"
+    << "    acc = " << wred << ";\n"
+    << "    if (lane == 0) " << st_fn << "(out, row, acc);\n  }\n}\n";
+  return k.str();
+}
+
+Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm) {
+  Step st{Step::Kernel, -1};
+  for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), perm));
+  layout(st);
+  st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
+  st.fn = add_kernel(program_kernel(*prog, st, n));
+  if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
+  st.program = std::move(prog);
+  return st;
+}
+
+Step Generator::gather_step(const Node& n) {
+  Step st{Step::Kernel, -1};
+  st.views = {slot(n, 0), slot(n, 1)};  // table, index
+  layout(st);
+  const ViewSlot &tv = st.views[0], &iv = st.views[1];
+  int Rt = tv.rank, Ri = iv.rank;
+  DType ts = storage(n.inputs[0].node), is = storage(n.inputs[1].node);
+  std::string T = is_int(ts) ? "double" : "float";
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
+    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n"
+    << "    i64 q_ = t;\n";
+  for (int d = Rt - 1; d >= 1; --d)
+    k << "    i64 j" << d << " = q_ % " << ViewText{tv}.shape(d) << "; q_ /= " << ViewText{tv}.shape(d) << ";\n";
+  k << unravel(iv, 0, Ri, "q_", "x") << "    double row;\n"
+    << load(iv, names("x", 0, Ri), "in1", is, "double", "row")
+    << "    if (!(row >= 0 && row < " << ViewText{tv}.shape(0) << ")) { fail(err, p, 2); " << "st_"
+    << dtype_name(n.dtype) << "(out, t, 0.0f); continue; }\n"
+    << "    i64 j0 = (i64)row;\n    " << T << " v;\n"
+    << load(tv, names("j", 0, Rt), "in0", ts, T, "v") << "    st_" << dtype_name(n.dtype) << "(out, t, v);\n  }\n}\n";
+  st.fn = add_kernel(k.str());
+  return st;
+}
+
+Step Generator::scatter_step(const Node& n) {
+  // First the destination is copied into the output (a one-load program), then the source rows are written.
+  auto copy = std::make_shared<Program>();
+  Instr ld{Instr::Load};
+  ld.input = 0;
+  ld.dtype = g_.node(n.inputs[0].node).dtype;
+  copy->code.push_back(ld);
+  Step st{Step::Kernel, -1};
+  st.views = {slot(n, 0), slot(n, 1), slot(n, 2)};  // dest, index, src
+  layout(st);
+  st.launch = Step::Scatter;
+  st.program = copy;
+  st.fn = add_kernel(program_kernel(*copy, st, n));
+  const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
+  int R = dv.rank, Ri = iv.rank;
+  DType ss = storage(n.inputs[2].node), is = storage(n.inputs[1].node);
+  std::string T = is_int(ss) ? "double" : "float";
+  Text k;
+  // p[2]: index elements x row size, p[3]: row size (p[1] counts the copy's elements).
+  k << "extern \"C\" __global__ void NAME" << params(3) << " {\n"
+    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[2]; t += (i64)gridDim.x * blockDim.x) {\n"
+    << "    i64 j = t % p[3], m = t / p[3];\n    i64 q_ = j;\n";
+  for (int d = R - 1; d >= 1; --d) {
+    std::string s = "s" + std::to_string(Ri + d - 1);
+    k << "    i64 " << s << " = q_ % " << ViewText{dv}.shape(d) << "; q_ /= " << ViewText{dv}.shape(d) << ";\n";
+  }
+  k << unravel(iv, 0, Ri, "m", "s") << "    double row;\n"
+    << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
+    << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n"
+    << "    " << T << " v;\n"
+    << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v")
+    << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n  }\n}\n";
+  st.second_fn = add_kernel(k.str());
+  return st;
+}
+
+// The MatMul's faster kernels; both use the generic kernel's parameter slice (views 0 and 1 of rank R).
+void Generator::matmul_fast_kernels(const Node& n, Step& st) {
+  const ViewSlot &av = st.views[0], &bv = st.views[1];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
+  if (!is_float(as) || !is_float(bs) || !is_float(n.dtype) || av.masked || bv.masked || R < 1) return;
+  std::string od = dtype_name(n.dtype);
+  // Matrix-vector: a warp per output, each lane 8 elements (16 bytes of a 2-byte type) of both rows per step.
+  {
+    Text k;
+    std::vector<std::string> idx = names("i", 0, R - 1);
+    idx.push_back("0");
+    k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
+      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+      << unravel(av, 0, R - 1, "row")
+      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
+      << "    float acc = 0.0f;\n"
+      << "#pragma unroll 4\n"
+      << "    for (i64 k = lane * 8; k < p[2]; k += 256) {\n"
+      << "      float a[8], b[8];\n"
+      << "      ld8_" << dtype_name(as) << "(in0, oa + k, a);\n"
+      << "      ld8_" << dtype_name(bs) << "(in1, ob + k, b);\n"
+      << "      for (int j = 0; j < 8; ++j) acc += a[j] * b[j];\n    }\n"
+      << "    acc = warp_sum(acc);\n    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
+    st.gemv_fn = add_kernel(k.str());
+  }
+  if (R < 3) return;
+  // Tiled matrix product over [batch..., M, N, K] where a does not depend on n nor b on m: 64 x 64 outputs per
+  // block of 256 threads, 4 x 4 each, through shared-memory tiles of 16 along k (stored k-major).
+  Text k;
+  ViewText a{av}, b{bv};
+  std::vector<std::string> bidx = names("i", 0, R - 3);
+  auto off = [&](const ViewText& v, const std::string& m, const std::string& nn, const std::string& kk) {
+    std::vector<std::string> idx = bidx;
+    idx.push_back(m);
+    idx.push_back(nn);
+    idx.push_back(kk);
+    return v.offset(idx);
+  };
+  std::string M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
+  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
+    << "  __shared__ float As[16][68], Bs[16][68];\n"
+    << "  i64 M = " << M << ", N = " << N << ", K = " << K << ";\n"
+    << "  i64 m0 = (i64)blockIdx.y * 64, n0 = (i64)blockIdx.x * 64;\n"
+    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
+    << "  int t = threadIdx.x, ty = t >> 4, tx = t & 15, lr = t >> 2, lk = (t & 3) * 4;\n"
+    << "  float acc[4][4] = {};\n"
+    << "  for (i64 k0 = 0; k0 < K; k0 += 16) {\n"
+    << "    for (int j = 0; j < 4; ++j) {\n"
+    << "      i64 kk = k0 + lk + j, m = m0 + lr, nn = n0 + lr;\n"
+    << "      As[lk + j][lr] = (m < M && kk < K) ? (float)ld_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kk")
+    << ") : 0.0f;\n"
+    << "      Bs[lk + j][lr] = (nn < N && kk < K) ? (float)ld_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kk")
+    << ") : 0.0f;\n    }\n"
+    << "    __syncthreads();\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < 16; ++kk) {\n"
+    << "      float x[4], y[4];\n"
+    << "      for (int i = 0; i < 4; ++i) { x[i] = As[kk][ty * 4 + i]; y[i] = Bs[kk][tx * 4 + i]; }\n"
+    << "      for (int i = 0; i < 4; ++i)\n        for (int j = 0; j < 4; ++j) acc[i][j] += x[i] * y[j];\n    }\n"
+    << "    __syncthreads();\n  }\n"
+    << "  for (int i = 0; i < 4; ++i)\n    for (int j = 0; j < 4; ++j) {\n"
+    << "      i64 m = m0 + ty * 4 + i, nn = n0 + tx * 4 + j;\n"
+    << "      if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j]);\n    }\n}\n";
+  st.gemm_fn = add_kernel(k.str());
+  if (compute_ != DType::BF16 && compute_ != DType::F16) return;
+  // Tensor cores: mma.sync m16n8k16 (bf16 or f16 operands, float32 accumulators). 64 x 64 outputs per block of 4
+  // warps (32 x 32 each), k in steps of 32 through shared memory (rows padded to 40 halves: no bank conflicts on the
+  // fragment loads). Each thread stages 16 consecutive k of one row of A and of B; p[3] == 1 says those rows are
+  // contiguous, 16-byte aligned and K is a multiple of 32, so they load 16 bytes at a time.
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  Text t;
+  t << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(2) << " {\n"
+    << "  __shared__ __align__(16) u16 As[64][40], Bs[64][40];\n"
+    << "  i64 M = " << M << ", N = " << N << ", K = " << K << ";\n"
+    << "  i64 m0 = (i64)blockIdx.y * 64, n0 = (i64)blockIdx.x * 64;\n"
+    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w >> 1, wn = w & 1;\n"
+    << "  int lr = tid >> 1, lk = (tid & 1) * 16, g = lane >> 2, q = (lane & 3) * 2;\n"
+    << "  float acc[2][4][4] = {};\n"
+    << "  for (i64 k0 = 0; k0 < K; k0 += 32) {\n"
+    << "    i64 m = m0 + lr, nn = n0 + lr, kb = k0 + lk;\n"
+    << "    float x[16], y[16];\n"
+    << "    if (p[3] == 1) {\n"
+    << "      if (m < M) { ld8_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kb") << ", x); ld8_" << dtype_name(as)
+    << "(in0, " << off(a, "m", "0", "kb") << " + 8, x + 8); } else for (int j = 0; j < 16; ++j) x[j] = 0.0f;\n"
+    << "      if (nn < N) { ld8_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kb") << ", y); ld8_" << dtype_name(bs)
+    << "(in1, " << off(b, "0", "nn", "kb") << " + 8, y + 8); } else for (int j = 0; j < 16; ++j) y[j] = 0.0f;\n"
+    << "    } else {\n"
+    << "      for (int j = 0; j < 16; ++j) {\n"
+    << "        i64 kk = kb + j;\n"
+    << "        x[j] = (m < M && kk < K) ? (float)ld_" << dtype_name(as) << "(in0, " << off(a, "m", "0", "kk") << ") : 0.0f;\n"
+    << "        y[j] = (nn < N && kk < K) ? (float)ld_" << dtype_name(bs) << "(in1, " << off(b, "0", "nn", "kk") << ") : 0.0f;\n"
+    << "      }\n    }\n"
+    << "    for (int j = 0; j < 16; ++j) { As[lr][lk + j] = " << cv << "(x[j]); Bs[lr][lk + j] = " << cv << "(y[j]); }\n"
+    << "    __syncthreads();\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < 32; kk += 16) {\n"
+    << "      unsigned af[2][4], bf[4][2];\n"
+    << "      for (int i = 0; i < 2; ++i) {\n"
+    << "        int r = wm * 32 + i * 16 + g;\n"
+    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
+    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
+    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
+    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
+    << "      for (int j = 0; j < 4; ++j) {\n"
+    << "        int c = wn * 32 + j * 8 + g;\n"
+    << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
+    << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
+    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
+    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), \"r\"(bf[j][1]));\n"
+    << "    }\n    __syncthreads();\n  }\n"
+    << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
+    << "        i64 m = m0 + wm * 32 + i * 16 + g + (e >> 1) * 8, nn = n0 + wn * 32 + j * 8 + q + (e & 1);\n"
+    << "        if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j][e]);\n      }\n}\n";
+  st.mma_fn = add_kernel(t.str());
+}
+
+// out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers; one warp per output.
+// p[1]: outputs, p[2]: K, p[3]: N.
+// Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row n - start[j];
+// the m + 1 starts follow the views in the parameter slice.
+Step Generator::qmatmul_step(const Node& n, int bb) {
+  Step st{Step::Kernel, -1};
+  int m = int(n.inputs.size()) - 1;
+  for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
+  layout(st);
+  int S = st.nparams;
+  st.nparams += m + 1;
+  st.launch = Step::PerRow;
+  st.block_bytes = bb;
+  const ViewSlot& av = st.views[0];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node);
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(m + 1) << " {\n"
+    << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+    << "  for (i64 o = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; o < p[1]; o += nw) {\n"
+    << "    i64 n = o % p[3];\n" << unravel(av, 0, R - 2, "o / p[3]");
+  std::vector<std::string> idx = names("i", 0, R - 2);
+  idx.push_back("n");
+  idx.push_back("0");
+  k << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n    const u8* w8;\n    i64 wbase;\n";
+  for (int j = 1; j <= m; ++j) {
+    ViewText wv{st.views[j]};
+    std::string cond = j < m ? "if (n < p[" + std::to_string(S + j) + "]) " : "";
+    k << "    " << (j > 1 ? "else " : "") << cond << "{ w8 = (const u8*)in" << j << "; wbase = " << wv.off()
+      << " + (n - p[" << S + j - 1 << "]) * " << wv.stride(0) << "; }\n";
+  }
+  k << "    float acc = 0.0f;\n"
+    << "    for (i64 b = lane; b < p[2] / 32; b += 32) {\n"
+    << "      const u8* q = w8 + wbase + b * " << bb << ";\n"
+    << "      float d = f16_f32((u16)(q[0] | (q[1] << 8)));\n"
+    << "      float s = 0.0f;\n";
+  std::string a = "ld_" + std::string(dtype_name(as)) + "(in0, abase + b * 32 + ";
+  if (bb == 34) {
+    k << "      for (int j = 0; j < 32; ++j) s += (float)(signed char)q[2 + j] * " << a << "j);\n"
+      << "      acc += d * s;\n";
+  } else {
+    int qo = bb == 20 ? 4 : 2;
+    k << "      float sa = 0.0f;\n"
+      << "      for (int j = 0; j < 16; ++j) {\n"
+      << "        float x0 = " << a << "j), x1 = " << a << "j + 16);\n"
+      << "        s += (float)(q[" << qo << " + j] & 15) * x0 + (float)(q[" << qo << " + j] >> 4) * x1;\n"
+      << "        sa += x0 + x1;\n      }\n";
+    if (bb == 20) k << "      acc += d * s + f16_f32((u16)(q[2] | (q[3] << 8))) * sa;\n";
+    else k << "      acc += d * (s - 8.0f * sa);\n";
+  }
+  k << "    }\n    acc = warp_sum(acc);\n    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, o, acc);\n  }\n}\n";
+  st.fn = add_kernel(k.str());
+  return st;
+}
+
+// One thread per block of 32 weights. p[1]: blocks, p[2]: weights per row.
+Step Generator::dequant_step(const Node& n, int bb) {
+  Step st{Step::Kernel, -1};
+  st.views = {slot(n, 0)};
+  layout(st);
+  st.block_bytes = bb;
+  const ViewSlot& v = st.views[0];
+  int R = v.rank;
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(1) << " {\n"
+    << "  const u8* w8 = (const u8*)in0;\n"
+    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n"
+    << "    i64 nb = p[2] / 32, row = t / nb, b = t % nb;\n" << unravel(v, 0, R - 1, "row");
+  std::vector<std::string> idx = names("i", 0, R - 1);
+  idx.push_back("b * " + std::to_string(bb));
+  k << "    const u8* q = w8 + " << ViewText{v}.offset(idx) << ";\n"
+    << "    float d = f16_f32((u16)(q[0] | (q[1] << 8)));\n"
+    << "    i64 o = row * p[2] + b * 32;\n";
+  if (bb == 34) {
+    k << "    for (int j = 0; j < 32; ++j) st_" << dtype_name(n.dtype) << "(out, o + j, d * (float)(signed char)q[2 + j]);\n";
+  } else {
+    int qo = bb == 20 ? 4 : 2;
+    std::string m = bb == 20 ? "f16_f32((u16)(q[2] | (q[3] << 8)))" : "0.0f";
+    std::string sub = bb == 20 ? "" : " - 8.0f";
+    k << "    float m = " << m << ";\n"
+      << "    for (int j = 0; j < 16; ++j) {\n"
+      << "      st_" << dtype_name(n.dtype) << "(out, o + j, d * ((float)(q[" << qo << " + j] & 15)" << sub << ") + m);\n"
+      << "      st_" << dtype_name(n.dtype) << "(out, o + j + 16, d * ((float)(q[" << qo << " + j] >> 4)" << sub
+      << ") + m);\n    }\n";
+  }
+  k << "  }\n}\n";
+  st.fn = add_kernel(k.str());
+  return st;
+}
+
+int block_bytes_of(const std::string& name, const char* prefix) {
+  size_t n = std::strlen(prefix);
+  if (name.compare(0, n, prefix) != 0) return 0;
+  std::string f = name.substr(n);
+  return f == "Q8_0" ? 34 : f == "Q4_0" ? 18 : f == "Q4_1" ? 20 : 0;
+}
+
+Schedule Generator::run() {
+  sched_.storage.assign(g_.size(), DType::F32);
+  std::vector<int64_t> order = g_.topo_order();
+  // Only what the outputs need, as the reference executor.
+  std::vector<char> needed(g_.size(), 0);
+  for (auto id : g_.outputs()) needed[id] = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    if (needed[*it])
+      for (auto& e : g_.node(*it).inputs) needed[e.node] = 1;
+  // Weights (float32 inputs a matmul multiplies by, or a gather reads rows of) are kept in the compute dtype;
+  // other inputs (caches, activations, small tables such as RoPE frequencies) stay as they are.
+  std::vector<char> weight(g_.size(), 0);
+  for (int64_t id : order) {
+    const Node& n = g_.node(id);
+    bool mm = n.op == Op::Custom && n.name == "MatMul";
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
+  }
+  for (int64_t id : order) {
+    const Node& n = g_.node(id);
+    sched_.storage[id] = n.op == Op::Input && n.dtype == DType::F32 && weight[id] ? compute_ : n.dtype;
+    if (!needed[id]) continue;
+    Step st{Step::Host, id};
+    switch (n.op) {
+      case Op::Input: st.kind = Step::Input; break;
+      case Op::Constant: st.kind = Step::Constant; break;
+      case Op::Iota: st.kind = Step::Iota; break;
+      case Op::Output:
+        if (is_plain(g_, n.inputs[0])) {
+          st.kind = Step::Alias;
+          break;
+        }
+        [[fallthrough]];
+      case Op::Cast: case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip:
+      case Op::Add: case Op::Mul: case Op::Mod: case Op::LessThan: {
+        auto prog = std::make_shared<Program>();
+        for (size_t k = 0; k < n.inputs.size(); ++k) {
+          Instr ld{Instr::Load};
+          ld.input = int(k);
+          ld.dtype = g_.node(n.inputs[k].node).dtype;
+          prog->code.push_back(ld);
+        }
+        Instr ap{Instr::Apply, n.op == Op::Output ? Op::Cast : n.op};
+        ap.a = 0;
+        if (n.inputs.size() > 1) ap.b = 1;
+        ap.dtype = n.dtype;
+        prog->code.push_back(ap);
+        st = program_step(n, prog);
+        break;
+      }
+      case Op::SumReduce: case Op::MaxReduce: {
+        // Any axis: the view is read with the reduced axis moved last.
+        int r = int(n.inputs[0].view.rank());
+        std::vector<int> perm;
+        for (int d = 0; d < r; ++d)
+          if (d != n.axis) perm.push_back(d);
+        perm.push_back(n.axis);
+        auto prog = std::make_shared<Program>();
+        Instr ld{Instr::Load};
+        ld.input = 0;
+        ld.dtype = g_.node(n.inputs[0].node).dtype;
+        prog->code.push_back(ld);
+        prog->reduce = n.op;
+        st = program_step(n, prog, perm);
+        break;
+      }
+      case Op::Gather: st = gather_step(n); break;
+      case Op::Scatter: st = scatter_step(n); break;
+      case Op::Custom: {
+        int bb;
+        if (program_of(n)) {
+          st = program_step(n, std::static_pointer_cast<const Program>(n.payload));
+        } else if (n.name == "MatMul") {
+          // A dot product per output: a two-load program ending in a sum. The product is not rounded to the
+          // output type (as the CPU MatMul kernel).
+          auto prog = std::make_shared<Program>();
+          for (int k = 0; k < 2; ++k) {
+            Instr ld{Instr::Load};
+            ld.input = k;
+            ld.dtype = g_.node(n.inputs[k].node).dtype;
+            prog->code.push_back(ld);
+          }
+          Instr mul{Instr::Apply, Op::Mul};
+          mul.a = 0;
+          mul.b = 1;
+          mul.dtype = is_float(n.dtype) ? DType::F32 : n.dtype;
+          prog->code.push_back(mul);
+          prog->reduce = Op::SumReduce;
+          st = program_step(n, prog);
+          matmul_fast_kernels(n, st);
+        } else if ((bb = block_bytes_of(n.name, "QMatMul"))) {
+          st = qmatmul_step(n, bb);
+        } else if ((bb = block_bytes_of(n.name, "Dequant"))) {
+          st = dequant_step(n, bb);
+        }
+        // Anything else (an op a Python compiler added) runs its CPU kernel on the host.
+        break;
+      }
+    }
+    st.node = id;
+    sched_.steps.push_back(std::move(st));
+  }
+  sched_.source = std::string(kPrelude) + "\n" + fns_;
+  return std::move(sched_);
+}
+
+}  // namespace
+
+const char* prelude() { return kPrelude; }
+
+Schedule generate(const Graph& g, DType compute) {
+  if (!is_float(compute)) throw std::invalid_argument(std::string("CudaCompiler: dtype must be float32, float16 or bfloat16, got ") +
+                                                      dtype_name(compute));
+  return Generator(g, compute).run();
+}
+
+}  // namespace cuda
+}  // namespace luminal

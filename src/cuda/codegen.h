@@ -1,0 +1,61 @@
+// CUDA code generation: after the shared lowering (MatMul, QMatMul, Dequant, Fused register programs), every live
+// node of a graph becomes a step of a schedule, and every step that computes on the GPU gets a kernel printed as
+// CUDA C. Needs no GPU: `generate` is what CI compiles with NVRTC for sm_80 and sm_90.
+//
+// Kernels read their inputs through views whose concrete numbers (offsets, shapes, strides, masks: they depend on
+// the bound dims) live in one parameter block of int64s that the runtime fills per set of dims; each kernel gets a
+// pointer to its slice. Rank and masking are structural, so they are fixed in the source.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/kernel_ir.h"
+
+namespace luminal {
+namespace cuda {
+
+// One view a kernel reads: node input `edge`, its axes reordered by `perm` (empty: as is); `base` is its first
+// slot in the kernel's parameter slice: [offset, buffer size, shape x rank, strides x rank, (lo, hi) x rank if masked].
+struct ViewSlot {
+  int edge = 0;
+  std::vector<int> perm;
+  int rank = 0;
+  bool masked = false;
+  int base = 0;
+};
+
+struct Step {
+  enum Kind { Input, Constant, Iota, Alias, Kernel, Host } kind;
+  int64_t node;
+  std::string fn;                 // Kernel: the function's name in the module
+  std::vector<ViewSlot> views;    // Kernel: what the parameter slice holds after its 4 header slots
+  int nparams = 4;                // Kernel: slots in the parameter slice
+  enum Launch { PerElement, PerRow, PerBlock32, Scatter } launch = PerElement;
+  std::shared_ptr<const Program> program;  // Kernel from a program: the program (for Scatter: the copy of dest)
+  std::string second_fn;          // Scatter: the kernel writing the rows after the copy
+  // MatMul: faster kernels the runtime picks when the evaluated views allow (see runtime.cpp): a matrix-vector
+  // kernel with 16-byte loads (contiguous, aligned rows) and a shared-memory tiled matrix product (rows that share
+  // the weights, i.e. prefill).
+  std::string gemv_fn, gemm_fn;
+  std::string block_fn;           // a reduction: the block-per-row kernel (for few, long rows)
+  std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
+  int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
+};
+
+struct Schedule {
+  std::vector<Step> steps;        // producers first; Output nodes are Alias (plain) or Kernel (a copy)
+  std::string source;             // the CUDA C module holding every kernel
+  std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
+  std::vector<DType> storage;     // per node id: the dtype its buffer holds on the device
+};
+
+// The helpers every generated module starts with (loads, stores, rounding per dtype).
+const char* prelude();
+
+// `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py).
+Schedule generate(const Graph& g, DType compute);
+
+}  // namespace cuda
+}  // namespace luminal

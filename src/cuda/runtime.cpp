@@ -1,0 +1,671 @@
+#include "cuda/runtime.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "core/reference.h"
+
+namespace luminal {
+namespace cuda {
+namespace {
+
+// Freed device memory is kept by size class (sizes rounded up to 1/8 of their power of two) and reused, so runs
+// allocate nothing from the driver once warm (cuMemFree would also synchronise the device). Never destroyed: it
+// must outlive every array, including those Python frees at exit.
+class Pool {
+ public:
+  std::shared_ptr<DeviceBuffer> alloc(size_t bytes) {
+    size_t cls = size_class(bytes);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end()) {
+        CUdeviceptr p = it->second;
+        free_.erase(it);
+        return std::make_shared<DeviceBuffer>(p, cls);
+      }
+    }
+    const Driver& d = driver();
+    CUdeviceptr p = 0;
+    CUresult r = d.cuMemAlloc(&p, cls);
+    if (r == 2 /* CUDA_ERROR_OUT_OF_MEMORY */) {
+      release_cached();
+      r = d.cuMemAlloc(&p, cls);
+    }
+    check(r, ("cuMemAlloc(" + std::to_string(cls) + " bytes)").c_str());
+    return std::make_shared<DeviceBuffer>(p, cls);
+  }
+  void give_back(CUdeviceptr p, size_t cls) {
+    std::lock_guard<std::mutex> l(mu_);
+    free_.emplace(cls, p);
+  }
+  void release_cached() {
+    std::lock_guard<std::mutex> l(mu_);
+    const Driver& d = driver();
+    d.cuCtxSynchronize();
+    for (auto& [_, p] : free_) d.cuMemFree(p);
+    free_.clear();
+  }
+
+ private:
+  static size_t size_class(size_t bytes) {
+    size_t b = std::max<size_t>(bytes, 256);
+    size_t top = size_t(1) << (63 - __builtin_clzll(b));
+    size_t step = std::max<size_t>(top / 8, 256);
+    return (b + step - 1) / step * step;
+  }
+  std::mutex mu_;
+  std::multimap<size_t, CUdeviceptr> free_;
+};
+Pool& pool() {
+  static Pool* p = new Pool;
+  return *p;
+}
+
+void set_context() { check(driver().cuCtxSetCurrent(device().ctx), "cuCtxSetCurrent"); }
+
+int64_t numel_of(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+
+// Conversion kernels between dtypes, compiled on first use.
+CUfunction convert_fn(DType from, DType to) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, CUfunction> fns;
+  std::lock_guard<std::mutex> l(mu);
+  auto key = std::make_pair(int(from), int(to));
+  auto it = fns.find(key);
+  if (it != fns.end()) return it->second;
+  std::string src = std::string(prelude()) +
+                    "extern \"C\" __global__ void convert(i64 n, const void* in, void* out) {\n"
+                    "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < n; t += (i64)gridDim.x * blockDim.x)\n"
+                    "    st_" + dtype_name(to) + "(out, t, (double)ld_" + dtype_name(from) + "(in, t));\n}\n";
+  const Device& dev = device();
+  std::string cubin = compile_cubin(src, dev.major * 10 + dev.minor);
+  CUmodule m;
+  check(driver().cuModuleLoadData(&m, cubin.data()), "cuModuleLoadData", "convert");
+  CUfunction f;
+  check(driver().cuModuleGetFunction(&f, m, "convert"), "cuModuleGetFunction", "convert");
+  fns[key] = f;
+  return f;
+}
+
+unsigned grid_for(int64_t threads_needed) {
+  int64_t cap = int64_t(device().sms) * 32;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((threads_needed + 255) / 256, cap)));
+}
+
+}  // namespace
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) pool().give_back(ptr, bytes);
+}
+
+std::shared_ptr<DeviceBuffer> device_alloc(size_t bytes) {
+  set_context();
+  return pool().alloc(bytes);
+}
+
+int64_t DeviceArray::numel() const { return numel_of(shape); }
+
+DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& shape) {
+  DeviceArray a;
+  a.dtype = dtype;
+  a.shape = shape;
+  a.buf = device_alloc(a.nbytes());
+  if (a.nbytes()) check(driver().cuMemcpyHtoD(a.buf->ptr, host, a.nbytes()), "cuMemcpyHtoD");
+  return a;
+}
+
+void download(const DeviceArray& a, void* host) {
+  set_context();
+  if (a.nbytes()) check(driver().cuMemcpyDtoH(host, a.buf->ptr, a.nbytes()), "cuMemcpyDtoH");
+}
+
+DeviceArray convert(const DeviceArray& a, DType to) {
+  if (a.dtype == to) return a;
+  DeviceArray out;
+  out.dtype = to;
+  out.shape = a.shape;
+  out.buf = device_alloc(out.nbytes());
+  int64_t n = a.numel();
+  if (n == 0) return out;
+  CUfunction f = convert_fn(a.dtype, to);
+  CUdeviceptr in = a.buf->ptr, o = out.buf->ptr;
+  void* args[] = {&n, &in, &o};
+  check(driver().cuLaunchKernel(f, grid_for(n), 1, 1, 256, 1, 1, 0, nullptr, args, nullptr), "cuLaunchKernel", "convert");
+  return out;
+}
+
+struct Runtime::Plan {
+  Bindings dims;
+  std::vector<std::vector<int64_t>> shapes;  // per node id
+  std::vector<int64_t> params;              // the parameter block
+  std::vector<size_t> slot;                 // per step: its first slot in the block
+  std::vector<int64_t> offset;              // per node: arena offset, or -1 (own allocation / not a buffer)
+  std::vector<char> fresh;                  // per node: a new allocation per run (outputs and what they alias)
+  size_t arena_bytes = 0;
+  std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
+  std::unordered_map<int64_t, DeviceArray> iota_dev;        // ... uploaded once per plan (not aliased by an output)
+  std::vector<int64_t> items;               // per step: work items (elements, rows, blocks)
+  std::vector<int64_t> items2;              // per step: Scatter's second kernel
+  std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
+  std::vector<std::array<unsigned, 3>> grid;  // per step: the tiled kernel's grid
+};
+
+namespace {
+// Which MatMul kernel these evaluated views allow (see Step::gemv_fn / gemm_fn).
+int matmul_variant(const Step& st, const std::vector<ConcreteView>& cv, int64_t out_n, std::array<unsigned, 3>& grid,
+                   bool& vec16) {
+  const ConcreteView &a = cv[0], &b = cv[1];
+  size_t r = a.shape.size();
+  if (st.gemv_fn.empty() || a.masked || b.masked || out_n == 0) return 0;
+  // Rows of k contiguous and every row start 8-element (16-byte or more) aligned: buffers are 256-byte aligned.
+  bool aligned = a.shape[r - 1] % 8 == 0 && a.strides[r - 1] == 1 && b.strides[r - 1] == 1 && a.offset % 8 == 0 &&
+                 b.offset % 8 == 0;
+  for (size_t d = 0; d + 1 < r; ++d)
+    if (a.strides[d] % 8 || b.strides[d] % 8) aligned = false;
+  if (!st.gemm_fn.empty() && r >= 3 && a.strides[r - 2] == 0 && b.strides[r - 3] == 0 && a.shape[r - 3] >= 16) {
+    int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
+    if (batch <= 65535 && (M + 63) / 64 <= 65535) {
+      grid = {unsigned((N + 63) / 64), unsigned((M + 63) / 64), unsigned(batch)};
+      if (st.mma_fn.empty()) return 2;
+      vec16 = aligned && a.shape[r - 1] % 32 == 0;
+      return 3;
+    }
+  }
+  return aligned ? 1 : 0;
+}
+}  // namespace
+
+Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
+  const Device& dev = device();
+  sms_ = dev.sms;
+  set_context();
+  std::string cubin = compile_cubin(s_.source, dev.major * 10 + dev.minor);
+  check(driver().cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
+  for (auto& st : s_.steps) {
+    for (const std::string* name : {&st.fn, &st.second_fn, &st.gemv_fn, &st.gemm_fn, &st.mma_fn, &st.block_fn}) {
+      if (name->empty() || fns_.count(*name)) continue;
+      CUfunction f;
+      check(driver().cuModuleGetFunction(&f, module_, name->c_str()), "cuModuleGetFunction", *name);
+      fns_[*name] = f;
+    }
+    if (st.kind == Step::Constant) {
+      const Node& n = g_.node(st.node);
+      uint64_t v = 0;
+      store_from_double(&v, 0, n.dtype, n.value);
+      constants_[st.node] = upload(&v, n.dtype, {});
+    }
+  }
+  // Symbolic numbers of every shape and view, evaluated per plan.
+  shape_nums_.resize(g_.size());
+  for (auto& st : s_.steps) {
+    const Node& n = g_.node(st.node);
+    for (auto& e : n.shape) shape_nums_[st.node].push_back(num(e));
+    std::vector<SymView> views;
+    for (auto& vs : st.views) {
+      const View& v = n.inputs[vs.edge].view;
+      SymView sv;
+      sv.offset = num(v.offset);
+      sv.masked = v.has_mask();
+      for (size_t d = 0; d < v.rank(); ++d) {
+        size_t src = vs.perm.empty() ? d : size_t(vs.perm[d]);
+        sv.shape.push_back(num(v.shape[src]));
+        sv.strides.push_back(num(v.strides[src]));
+        if (sv.masked) {
+          sv.lo.push_back(num(v.mask[src].first));
+          sv.hi.push_back(num(v.mask[src].second));
+        }
+      }
+      views.push_back(std::move(sv));
+    }
+    step_views_.push_back(std::move(views));
+  }
+  // A step is dynamic when a number of its views, or a size of its output or inputs, depends on the dims.
+  auto symbolic = [](const std::vector<Num>& v) {
+    for (auto& x : v)
+      if (x.expr) return true;
+    return false;
+  };
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Node& n = g_.node(s_.steps[i].node);
+    bool dyn = symbolic(shape_nums_[s_.steps[i].node]);
+    for (auto& e : n.inputs) dyn = dyn || symbolic(shape_nums_[e.node]);
+    for (auto& v : step_views_[i]) {
+      dyn = dyn || v.offset.expr || symbolic(v.shape) || symbolic(v.strides) || symbolic(v.lo) || symbolic(v.hi);
+    }
+    dynamic_.push_back(dyn);
+  }
+  for (auto& st : s_.steps) has_host_steps_ = has_host_steps_ || st.kind == Step::Host;
+  err_ = device_alloc(sizeof(int));
+  check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
+}
+
+Runtime::Num Runtime::num(const Expr& e) {
+  Num n;
+  if (e.is_const()) n.value = e.as_const();
+  else n.expr = &e;  // points into g_, which the runtime owns and never changes
+  return n;
+}
+
+void Runtime::build_plan(const Bindings& dims) {
+  const Plan* old = plan_.get();
+  auto plan = std::make_shared<Plan>();
+  plan->dims = dims;
+  size_t nn = g_.size();
+  plan->shapes.assign(nn, {});
+  plan->offset.assign(nn, -1);
+  plan->fresh.assign(nn, 0);
+  std::vector<int64_t> last_use(nn, -1);
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Step& st = s_.steps[i];
+    const Node& n = g_.node(st.node);
+    for (size_t d = 0; d < n.shape.size(); ++d) {
+      int64_t v = shape_nums_[st.node][d].eval(dims);
+      if (v < 0)
+        throw std::invalid_argument("dimension " + n.shape[d].str() + " evaluates to a negative size " + std::to_string(v));
+      plan->shapes[st.node].push_back(v);
+    }
+    for (auto& e : n.inputs) last_use[e.node] = int64_t(i);
+    if (n.op == Op::Output) {
+      plan->fresh[st.node] = 1;
+      if (st.kind == Step::Alias) plan->fresh[n.inputs[0].node] = 1;
+    }
+  }
+  // Parameters: every view each kernel reads, evaluated under these dims, checked against its buffer.
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Step& st = s_.steps[i];
+    const Node& n = g_.node(st.node);
+    plan->slot.push_back(plan->params.size());
+    plan->items.push_back(0);
+    plan->items2.push_back(0);
+    plan->variant.push_back(0);
+    plan->grid.push_back({1, 1, 1});
+    if (st.kind == Step::Iota) {
+      int64_t len = plan->shapes[st.node][0];
+      std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
+      Bindings b = dims;
+      for (int64_t z = 0; z < len; ++z) {
+        b["z"] = z;
+        store_from_double(host.data(), z, n.dtype, double(n.expr.eval(b)));
+      }
+      if (!plan->fresh[st.node]) plan->iota_dev[st.node] = upload(host.data(), n.dtype, plan->shapes[st.node]);
+      plan->iota[st.node] = std::move(host);
+    }
+    if (st.kind != Step::Kernel) continue;
+    if (old && !dynamic_[i]) {  // nothing of this step depends on the dims: the last plan's numbers stand
+      size_t from = old->slot[i];
+      plan->params.insert(plan->params.end(), old->params.begin() + from, old->params.begin() + from + st.nparams);
+      plan->items.back() = old->items[i];
+      plan->items2.back() = old->items2[i];
+      plan->variant.back() = old->variant[i];
+      plan->grid.back() = old->grid[i];
+      continue;
+    }
+    std::vector<int64_t> p(st.nparams, 0);
+    p[0] = st.node;
+    std::vector<ConcreteView> cv;
+    for (size_t k = 0; k < st.views.size(); ++k) {
+      const ViewSlot& vs = st.views[k];
+      const SymView& sv = step_views_[i][k];
+      const Edge& e = n.inputs[vs.edge];
+      static const View no_view;
+      static const Bindings no_dims;
+      ConcreteView v(no_view, no_dims);
+      v.offset = sv.offset.eval(dims);
+      v.masked = sv.masked;
+      for (int d = 0; d < vs.rank; ++d) {
+        v.shape.push_back(sv.shape[d].eval(dims));
+        v.strides.push_back(sv.strides[d].eval(dims));
+        if (sv.masked) {
+          v.lo.push_back(sv.lo[d].eval(dims));
+          v.hi.push_back(sv.hi[d].eval(dims));
+        }
+      }
+      int64_t size = 1;
+      for (auto d : plan->shapes[e.node]) size *= d;
+      if (g_.node(e.node).op == Op::Constant) size = 1;
+      p[vs.base] = v.offset;
+      p[vs.base + 1] = size;
+      for (int d = 0; d < vs.rank; ++d) {
+        p[vs.base + 2 + d] = v.shape[d];
+        p[vs.base + 2 + vs.rank + d] = v.strides[d];
+        if (vs.masked) {
+          p[vs.base + 2 + 2 * vs.rank + d] = v.lo[d];
+          p[vs.base + 2 + 3 * vs.rank + d] = v.hi[d];
+        }
+      }
+      if (!vs.masked && numel_of(v.shape) > 0) {  // padded views are checked per element on the device
+        int64_t lo = v.offset, hi = v.offset;
+        for (int d = 0; d < vs.rank; ++d) (v.strides[d] < 0 ? lo : hi) += (v.shape[d] - 1) * v.strides[d];
+        if (lo < 0 || hi >= size)
+          throw std::out_of_range(std::string(n.op == Op::Custom ? n.name.c_str() : op_name(n.op)) + " (node " +
+                                  std::to_string(st.node) + "): a view reads element " + std::to_string(lo < 0 ? lo : hi) +
+                                  " of a buffer of " + std::to_string(size) + " elements");
+      }
+      cv.push_back(v);
+    }
+    int64_t out_n = numel_of(plan->shapes[st.node]);
+    if (st.block_bytes && n.name.compare(0, 7, "QMatMul") == 0) {
+      const ConcreteView& a = cv[0];
+      size_t r = a.shape.size();
+      int64_t K = a.shape[r - 1], N = a.shape[r - 2], rows = 0;
+      size_t m = cv.size() - 1, S = size_t(st.nparams) - (m + 1);  // the weights' first rows follow the views
+      bool ok = a.strides[r - 1] == 1 && K % 32 == 0;
+      for (size_t j = 1; j <= m; ++j) {
+        const ConcreteView& w = cv[j];
+        ok = ok && w.shape.size() == 2 && w.strides[1] == 1 && !w.masked && w.shape[1] == K / 32 * st.block_bytes;
+        p[S + j - 1] = rows;
+        rows += ok ? w.shape[0] : 0;
+      }
+      p[S + m] = rows;
+      if (!ok || rows != N)
+        throw std::invalid_argument(n.name + ": expects contiguous activation rows and uint8 weight rows of whole blocks");
+      p[2] = K;
+      p[3] = N;
+      plan->items.back() = out_n;
+    } else if (st.block_bytes) {
+      const ConcreteView& w = cv[0];
+      int64_t bytes = w.shape.back();
+      if (w.strides.back() != 1 || bytes % st.block_bytes)
+        throw std::invalid_argument(n.name + ": expects uint8 rows of whole blocks");
+      p[2] = bytes / st.block_bytes * 32;
+      plan->items.back() = p[2] ? out_n / 32 : 0;
+    } else if (st.program && st.program->reduce != Op::Input) {
+      p[2] = cv[0].shape.back();
+      plan->items.back() = out_n;
+      // Few long rows: a block per row keeps the machine busy (a warp per row would use a few SMs).
+      if (!st.block_fn.empty() && out_n < int64_t(sms_) * 8 && p[2] >= 512) {
+        plan->variant.back() = 4;
+        plan->grid.back() = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
+      }
+    } else {
+      plan->items.back() = out_n;
+    }
+    if (!st.gemv_fn.empty()) {
+      bool vec16 = false;
+      plan->variant.back() = matmul_variant(st, cv, out_n, plan->grid.back(), vec16);
+      p[3] = vec16;  // the mma kernel's 16-byte staging loads
+    }
+    if (!st.second_fn.empty()) {  // Scatter: rows of the index
+      int64_t row = out_n / std::max<int64_t>(1, plan->shapes[st.node].empty() ? 1 : plan->shapes[st.node][0]);
+      if (!plan->shapes[st.node].empty() && plan->shapes[st.node][0] == 0) row = 0;
+      p[3] = row;
+      p[2] = numel_of(cv[1].shape) * row;
+      plan->items2.back() = p[2];
+    }
+    p[1] = plan->items.back();
+    plan->params.insert(plan->params.end(), p.begin(), p.end());
+  }
+  // The arena: each intermediate gets an offset no buffer alive at the same time overlaps (first fit).
+  struct Live { size_t off, bytes; int64_t until; };
+  std::vector<Live> live;
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Step& st = s_.steps[i];
+    live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < int64_t(i); }), live.end());
+    bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
+    if (!buffer || plan->fresh[st.node]) continue;
+    size_t bytes = (size_t(numel_of(plan->shapes[st.node])) * dtype_size(s_.storage[st.node]) + 255) / 256 * 256;
+    size_t off = 0;  // `live` is kept sorted by offset
+    auto pos = live.begin();
+    for (; pos != live.end(); ++pos) {
+      if (off + bytes <= pos->off) break;
+      off = std::max(off, pos->off + pos->bytes);
+    }
+    plan->offset[st.node] = int64_t(off);
+    plan->arena_bytes = std::max(plan->arena_bytes, off + bytes);
+    live.insert(pos, {off, bytes, std::max<int64_t>(last_use[st.node], int64_t(i))});
+  }
+  size_t pbytes = std::max<size_t>(plan->params.size(), 1) * sizeof(int64_t);
+  if (!params_ || params_->bytes < pbytes) params_ = device_alloc(pbytes);
+  if (!plan->params.empty())
+    check(driver().cuMemcpyHtoD(params_->ptr, plan->params.data(), plan->params.size() * sizeof(int64_t)), "cuMemcpyHtoD");
+  if (!arena_ || arena_->bytes < plan->arena_bytes) {
+    arena_.reset();
+    arena_ = device_alloc(std::max<size_t>(plan->arena_bytes, 256));
+  }
+  plan_ = plan;
+}
+
+void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
+                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
+  if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
+  Launch l;
+  l.f = fns_.at(fn);
+  l.node = node;
+  l.threads = threads;
+  int64_t threads_needed = std::max<int64_t>(1, per_row ? items * 32 : items);
+  l.grid[0] = unsigned(std::min<int64_t>((threads_needed + 255) / 256, int64_t(sms_) * 32));
+  l.grid[1] = l.grid[2] = 1;
+  if (grid3)
+    for (int k = 0; k < 3; ++k) l.grid[k] = std::max(1u, grid3[k]);
+  l.args.reserve(ptrs.size() + 2);
+  l.args.push_back(params_->ptr + slot * sizeof(int64_t));
+  l.args.push_back(err_->ptr);
+  l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
+  if (graphs_on_) pending_.push_back(std::move(l));
+  else execute(l);
+}
+
+void Runtime::execute(const Launch& l) {
+  void* small[16];
+  std::vector<void*> big;
+  void** args = small;
+  if (l.args.size() > 16) {
+    big.resize(l.args.size());
+    args = big.data();
+  }
+  for (size_t k = 0; k < l.args.size(); ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
+  CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, 0, nullptr, args, nullptr);
+  if (r) {
+    const Node& n = g_.node(l.node);
+    check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
+  }
+}
+
+namespace {
+KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, std::vector<void*>& argp,
+                             std::vector<CUdeviceptr>& args) {
+  argp.resize(args.size());
+  for (size_t k = 0; k < args.size(); ++k) argp[k] = &args[k];
+  KernelNodeParams p{};
+  p.func = f;
+  p.gridDimX = grid[0];
+  p.gridDimY = grid[1];
+  p.gridDimZ = grid[2];
+  p.blockDimX = threads;
+  p.blockDimY = p.blockDimZ = 1;
+  p.kernelParams = argp.data();
+  return p;
+}
+}  // namespace
+
+void Runtime::replay(std::vector<Launch>& launches) {
+  const Driver& d = driver();
+  bool same = exec_ && launches.size() == graph_launches_.size();
+  for (size_t i = 0; same && i < launches.size(); ++i)
+    same = launches[i].f == graph_launches_[i].f && launches[i].threads == graph_launches_[i].threads &&
+           launches[i].args.size() == graph_launches_[i].args.size();
+  std::vector<void*> argp;
+  if (same) {
+    for (size_t i = 0; i < launches.size(); ++i) {
+      Launch &now = launches[i], &was = graph_launches_[i];
+      if (now.args == was.args && std::equal(now.grid, now.grid + 3, was.grid)) continue;
+      KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
+      check(d.cuGraphExecKernelNodeSetParams(exec_, graph_nodes_[i], &p), "cuGraphExecKernelNodeSetParams");
+    }
+  } else {
+    if (exec_) d.cuGraphExecDestroy(exec_);
+    if (graph_) d.cuGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+    check(d.cuGraphCreate(&graph_, 0), "cuGraphCreate");
+    graph_nodes_.assign(launches.size(), nullptr);
+    for (size_t i = 0; i < launches.size(); ++i) {
+      KernelNodeParams p = node_params(launches[i].f, launches[i].grid, launches[i].threads, argp, launches[i].args);
+      check(d.cuGraphAddKernelNode(&graph_nodes_[i], graph_, i ? &graph_nodes_[i - 1] : nullptr, i ? 1 : 0, &p),
+            "cuGraphAddKernelNode");
+    }
+    check(d.cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags");
+  }
+  graph_launches_ = std::move(launches);
+  launches.clear();
+  check(d.cuGraphLaunch(exec_, nullptr), "cuGraphLaunch");
+}
+
+Runtime::~Runtime() {
+  if (exec_) driver().cuGraphExecDestroy(exec_);
+  if (graph_) driver().cuGraphDestroy(graph_);
+}
+
+std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
+                                                      const Bindings& dims) {
+  set_context();
+  // LUMINAL_PROFILE=1: synchronise after every step and print the time per op kind (and planning) to stderr.
+  const bool profile = std::getenv("LUMINAL_PROFILE") != nullptr;  // read per run: cheap, and may change
+  using clock = std::chrono::steady_clock;
+  std::map<std::string, std::pair<double, int>> prof;
+  auto t_run = clock::now();
+  if (!plan_ || plan_->dims != dims) build_plan(dims);
+  if (profile) prof["(plan)"] = {std::chrono::duration<double>(clock::now() - t_run).count(), 1};
+  // CUDA graphs with LUMINAL_CUDA_GRAPHS=1 (off by default: measured no faster, see docs/architecture.md), unless
+  // profiling (which times each kernel) or a step runs on the host.
+  const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
+  graphs_on_ = !profile && !has_host_steps_ && env && std::string(env) == "1";
+  pending_.clear();
+  const Plan& plan = *plan_;
+  std::vector<CUdeviceptr> ptr(g_.size(), 0);
+  std::unordered_map<int64_t, DeviceArray> owned;  // fresh allocations, inputs and constants
+  std::unordered_map<int64_t, DeviceArray> results;
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    const Step& st = s_.steps[i];
+    const Node& n = g_.node(st.node);
+    int64_t id = st.node;
+    auto t_step = clock::now();
+    auto out_ptr = [&]() -> CUdeviceptr {
+      if (plan.offset[id] >= 0) return arena_->ptr + plan.offset[id];
+      DeviceArray a;
+      a.dtype = s_.storage[id];
+      a.shape = plan.shapes[id];
+      a.buf = device_alloc(a.nbytes());
+      owned[id] = a;
+      return a.buf->ptr;
+    };
+    switch (st.kind) {
+      case Step::Input: {
+        auto it = inputs.find(id);
+        if (it == inputs.end())
+          throw std::invalid_argument("input '" + n.name + "' (node " + std::to_string(id) + ") has no data: call set() on it");
+        if (it->second.shape != plan.shapes[id] || it->second.dtype != s_.storage[id])
+          throw std::invalid_argument("input '" + n.name + "' holds data of the wrong shape or dtype");
+        owned[id] = it->second;
+        ptr[id] = it->second.buf->ptr;
+        break;
+      }
+      case Step::Constant:
+        owned[id] = constants_.at(id);
+        ptr[id] = owned[id].buf->ptr;
+        break;
+      case Step::Iota: {
+        auto dev = plan.iota_dev.find(id);
+        if (dev != plan.iota_dev.end()) {
+          ptr[id] = dev->second.buf->ptr;
+          break;
+        }
+        ptr[id] = out_ptr();
+        auto& host = plan.iota.at(id);
+        if (!host.empty()) check(driver().cuMemcpyHtoD(ptr[id], host.data(), host.size()), "cuMemcpyHtoD", "Iota");
+        break;
+      }
+      case Step::Alias: {
+        int64_t src = n.inputs[0].node;
+        DeviceArray a = owned.at(src);
+        a.shape = plan.shapes[id];
+        results[id] = convert(a, n.dtype);  // an input kept in the compute dtype is read back in its own
+        break;
+      }
+      case Step::Kernel: {
+        ptr[id] = out_ptr();
+        std::vector<CUdeviceptr>& ptrs = scratch_ptrs_;
+        ptrs.assign(1, ptr[id]);
+        for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
+        bool per_row = st.launch == Step::PerRow;
+        if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
+        else if (plan.variant[i] == 3) launch(st.mma_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), 128);
+        else if (plan.variant[i] == 2) launch(st.gemm_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
+        else launch(plan.variant[i] == 1 ? st.gemv_fn : st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
+        if (!st.second_fn.empty()) launch(st.second_fn, id, plan.slot[i], plan.items2[i], false, ptrs);
+        break;
+      }
+      case Step::Host: {
+        // An op with only a CPU kernel (a Python custom op): inputs come to the host, the result goes back.
+        const CustomKernel* k = g_.kernel(n.name);
+        if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CUDA kernel and no CPU kernel registered");
+        std::vector<Buffer> host;
+        host.reserve(n.inputs.size());
+        for (auto& e : n.inputs) {
+          Buffer b = Buffer::alloc(s_.storage[e.node], plan.shapes[e.node]);
+          int64_t cnt = b.numel();
+          if (g_.node(e.node).op == Op::Constant) cnt = 1;
+          if (cnt) check(driver().cuMemcpyDtoH(b.data.get(), ptr[e.node], size_t(cnt) * dtype_size(b.dtype)), "cuMemcpyDtoH");
+          DType want = g_.node(e.node).dtype;
+          if (b.dtype != want) {
+            Buffer c = Buffer::alloc(want, b.shape);
+            for (int64_t j = 0; j < b.numel(); ++j) store_from_double(c.data.get(), j, want, load_as_double(b.data.get(), j, b.dtype));
+            b = c;
+          }
+          host.push_back(b);
+        }
+        std::vector<KernelArg> args;
+        for (size_t k2 = 0; k2 < n.inputs.size(); ++k2) args.push_back(KernelArg{&host[k2], ConcreteView(n.inputs[k2].view, dims)});
+        Buffer r = Buffer::alloc(n.dtype, plan.shapes[id]);
+        (*k)(args, n, r);
+        ptr[id] = out_ptr();
+        if (r.nbytes()) check(driver().cuMemcpyHtoD(ptr[id], r.data.get(), r.nbytes()), "cuMemcpyHtoD", n.name);
+        break;
+      }
+    }
+    if (n.op == Op::Output && st.kind == Step::Kernel) results[id] = owned.at(id);
+    if (profile && st.kind != Step::Input && st.kind != Step::Constant && st.kind != Step::Alias) {
+      check(driver().cuCtxSynchronize(), "cuCtxSynchronize", n.op == Op::Custom ? n.name : op_name(n.op));
+      std::string key = n.op == Op::Custom ? n.name : op_name(n.op);
+      const char* variants[] = {"", "/gemv", "/tiled", "/mma", "/block"};
+      if (st.kind == Step::Kernel) key += variants[plan.variant[i]];
+      auto& e = prof[key];
+      e.first += std::chrono::duration<double>(clock::now() - t_step).count();
+      e.second += 1;
+    }
+  }
+  if (profile) {
+    for (auto& [k, v] : prof) std::fprintf(stderr, "%-16s %5d steps %9.3f ms\n", k.c_str(), v.second, v.first * 1e3);
+    std::fprintf(stderr, "%-16s %5zu steps %9.3f ms\n", "(run)", s_.steps.size(),
+                 std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
+  }
+  if (graphs_on_ && !pending_.empty()) replay(pending_);
+  // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
+  int code = 0;
+  check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");
+  if (code) {
+    check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
+    int64_t node = code / 4;
+    const Node& n = g_.node(node);
+    std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
+    const char* what[] = {"", "a padded view reads outside its buffer", "an index is out of range for the table's rows",
+                          "an index is out of range for the destination's rows"};
+    throw std::out_of_range(op + " (node " + std::to_string(node) + "): " + what[code % 4]);
+  }
+  return results;
+}
+
+}  // namespace cuda
+}  // namespace luminal

@@ -1,0 +1,104 @@
+// The CUDA runtime: device memory (a caching pool; arrays that stay on the GPU between runs), and the executor of
+// a Schedule: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
+// arena for intermediates with offsets from liveness), and a launch per kernel step.
+#pragma once
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "core/graph.h"
+#include "cuda/api.h"
+#include "cuda/codegen.h"
+
+namespace luminal {
+namespace cuda {
+
+// A device allocation, returned to the pool (not to the driver) when the last owner lets go.
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(CUdeviceptr p, size_t b) : ptr(p), bytes(b) {}
+  ~DeviceBuffer();
+};
+std::shared_ptr<DeviceBuffer> device_alloc(size_t bytes);
+
+// A contiguous array on the GPU: what outputs are, and what Graph.set accepts to feed one back without a copy.
+struct DeviceArray {
+  std::shared_ptr<DeviceBuffer> buf;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+};
+DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& shape);
+void download(const DeviceArray& a, void* host);
+DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding as a Cast does
+
+class Runtime {
+ public:
+  Runtime(const Graph& g, Schedule s);
+  // `inputs`: a device array for every Input node the outputs need (in its storage dtype); returns one per Output.
+  std::unordered_map<int64_t, DeviceArray> run(const std::unordered_map<int64_t, DeviceArray>& inputs,
+                                               const Bindings& dims);
+  const Schedule& schedule() const { return s_; }
+
+ private:
+  struct Plan;
+  // A dimension or view number: a constant, or an expression over the dims evaluated per plan. Most are constants,
+  // so a new plan (every decode step: the cache length changes) evaluates only the few that are not.
+  struct Num {
+    int64_t value = 0;
+    const Expr* expr = nullptr;
+    int64_t eval(const Bindings& b) const { return expr ? expr->eval(b) : value; }
+  };
+  struct SymView {
+    Num offset;
+    std::vector<Num> shape, strides, lo, hi;
+    bool masked = false;
+  };
+  static Num num(const Expr& e);
+  std::vector<std::vector<Num>> shape_nums_;            // per node
+  std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
+  std::vector<char> dynamic_;                           // per step: its numbers depend on the dims
+  void build_plan(const Bindings& dims);
+  void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
+              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
+
+  Graph g_;
+  Schedule s_;
+  CUmodule module_ = nullptr;
+  std::unordered_map<std::string, CUfunction> fns_;
+  std::unordered_map<int64_t, DeviceArray> constants_;
+  std::shared_ptr<Plan> plan_;
+  // CUDA graphs: a run's kernels are recorded, then replayed as one graph. The graph is rebuilt only when the
+  // sequence of kernels changes; otherwise the nodes whose grid or arguments changed (new inputs, outputs, sizes)
+  // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
+  struct Launch {
+    CUfunction f;
+    unsigned grid[3], threads;
+    std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
+    int64_t node;
+  };
+  std::vector<Launch> pending_;
+  CUgraph graph_ = nullptr;
+  CUgraphExec exec_ = nullptr;
+  std::vector<CUgraphNode> graph_nodes_;
+  std::vector<Launch> graph_launches_;
+  void replay(std::vector<Launch>& launches);
+  void execute(const Launch& l);
+
+ public:
+  ~Runtime();
+
+ private:
+  std::shared_ptr<DeviceBuffer> arena_, params_, err_;
+  int sms_ = 1;
+  bool graphs_on_ = false, has_host_steps_ = false;
+  std::vector<CUdeviceptr> scratch_ptrs_;
+};
+
+}  // namespace cuda
+}  // namespace luminal

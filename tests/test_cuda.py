@@ -1,0 +1,269 @@
+"""The CUDA backend's runtime: library loading and errors, NVRTC compilation and its cache (these need no GPU), and
+on a GPU, device arrays, data that stays on the device, and the compute dtype. The op and LLM parity suites run on
+the `cuda` backend through conftest's backend list; `cuda-nvrtc` compiles every kernel they generate without a GPU."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import luminal as lm
+from helpers import needs_cuda, needs_nvrtc
+
+PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+
+nvrtc = pytest.mark.skipif(needs_nvrtc() is not None, reason=str(needs_nvrtc()))
+gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
+
+
+def _in_subprocess(code: str, **env) -> str:
+    """Runs code in a fresh interpreter (libraries are opened once per process) and returns its stdout."""
+    e = dict(os.environ, PYTHONPATH=PY + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
+    r = subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_bad_driver_path_gives_a_clear_reason_and_error():
+    out = _in_subprocess(
+        "import luminal as lm\n"
+        "ok, why = lm.cuda_available()\n"
+        "print(ok); print(why)\n"
+        "g = lm.Graph(); x = g.tensor((3,)); (x + 1).output()\n"
+        "try:\n"
+        "    g.compile(lm.GenericCompiler(), lm.CudaCompiler())\n"
+        "except lm.CudaError as e:\n"
+        "    print('CudaError:', e)\n",
+        LUMINAL_LIBCUDA="/no/such/dir/libcuda.so.1")
+    assert out.startswith("False\n")
+    assert "/no/such/dir/libcuda.so.1" in out and "cannot open the CUDA driver library" in out
+    assert "CudaError: cannot open the CUDA driver library" in out
+
+
+def test_bad_nvrtc_path_gives_a_clear_error():
+    out = _in_subprocess(
+        "import luminal as lm\n"
+        "try:\n"
+        "    lm.cuda.compile_source('__global__ void f() {}', 90)\n"
+        "except lm.CudaError as e:\n"
+        "    print('CudaError:', e)\n",
+        LUMINAL_NVRTC="/no/such/libnvrtc.so.13")
+    assert "CudaError: cannot open NVRTC" in out and "/no/such/libnvrtc.so.13" in out
+
+
+@nvrtc
+def test_compile_error_carries_the_log_and_the_source():
+    src = 'extern "C" __global__ void broken(float* x) { x[0] = undefined_name; }\n'
+    with pytest.raises(lm.CudaError) as e:
+        lm.cuda.compile_source(src, 90)
+    msg = str(e.value)
+    assert "undefined_name" in msg and "identifier" in msg  # NVRTC's log
+    assert "1\textern \"C\" __global__ void broken" in msg  # the numbered source
+
+
+@nvrtc
+def test_compiled_kernels_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("LUMINAL_CACHE", str(tmp_path))
+    src = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }\n// %s\n' % tmp_path
+    cubin, hit = lm._core.cuda_compile(src, 80)
+    assert not hit and cubin[:4] == b"\x7fELF"
+    cubin2, hit2 = lm._core.cuda_compile(src, 80)
+    assert hit2 and cubin2 == cubin
+    assert len(list(tmp_path.glob("*.cubin"))) == 1
+    _, hit3 = lm._core.cuda_compile(src, 90)  # another arch is another entry
+    assert not hit3
+
+
+@nvrtc
+def test_codegen_without_a_gpu_covers_every_op(rng):
+    g = lm.Graph()
+    x = g.tensor((4, "s"), name="x")
+    idx = g.tensor((3,), lm.int32, name="idx")
+    w = g.tensor((5, 4), lm.bfloat16, name="w")
+    y = (x.softmax(-1).sum(0) + lm.arange(0, "s", graph=g).to(lm.float32)).output()
+    z = (x.T @ w.to(lm.float32).T).max(0).output()
+    e = w[idx].to(lm.float16).output()
+    g.compile(lm.GenericCompiler(), c := lm.CudaCompiler("float16", device=None))
+    sched = c.schedule
+    assert g._runtime is None  # nothing to run on
+    assert len(sched.kernels()) >= 4 and not sched.host_steps()
+    assert sched.storage_dtype(x.id) == "float16" and sched.storage_dtype(idx.id) == "int32"  # x: a matmul operand
+    assert sched.storage_dtype(w.id) == "bfloat16"  # not a float32 input: stays as it is
+    for arch in (80, 90):
+        assert lm.cuda.compile_source(sched.source, arch)[:4] == b"\x7fELF"
+    del y, z, e
+
+
+def test_compiler_rejects_a_non_float_compute_dtype():
+    with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
+        lm.CudaCompiler("int32")
+
+
+# ---- on a GPU --------------------------------------------------------------------------------------------------------
+@gpu
+def test_device_array_round_trip(rng):
+    for d, arr in [("float32", rng.data((3, 5)).astype(np.float32)), ("int32", rng.integers(-9, 9, (7,))),
+                   ("bool", rng.bools((2, 2))), ("float16", rng.data((4,)).astype(np.float16))]:
+        a = lm._core.cuda_upload(arr, d)
+        assert a.shape == arr.shape and a.dtype == d
+        np.testing.assert_array_equal(a.numpy(), arr)
+
+
+@gpu
+def test_outputs_stay_on_the_device_until_read_and_feed_back(rng):
+    g = lm.Graph()
+    x = g.tensor((2, "n"), name="x")
+    y = (x * 2 + 1).output()
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler())
+    a = rng.data((2, 3)).astype(np.float32)
+    x.set(a)
+    g.execute()
+    r = y.result()
+    assert isinstance(r, lm.DeviceArray) and r.shape == (2, 3)
+    x.set(r)  # fed back without a copy
+    g.execute()
+    np.testing.assert_allclose(y.numpy(), (a * 2 + 1) * 2 + 1, rtol=1e-6)
+    x.set(np.ones((2, 5), np.float32))  # a new size re-plans
+    g.execute()
+    np.testing.assert_array_equal(y.numpy(), np.full((2, 5), 3, np.float32))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_compute_dtype_keeps_weights_in_it(dtype, rng):
+    g = lm.Graph()
+    x = g.tensor((3, 64), name="x")
+    w = g.tensor((5, 64), name="w")
+    y = ((x * 2) @ w.T).output()  # x feeds a multiplication, not the matmul: not a weight
+    z = (x + 0.5).output()
+    g.compile(lm.GenericCompiler(), c := lm.CudaCompiler(dtype))
+    assert c.schedule.storage_dtype(w.id) == dtype  # a weight: rounded once, when uploaded
+    assert c.schedule.storage_dtype(x.id) == "float32"  # anything else keeps its dtype
+    a, b = rng.data((3, 64)).astype(np.float32), rng.data((5, 64)).astype(np.float32)
+    x.set(a)
+    w.set(b)
+    g.execute()
+    from helpers import as_dtype
+
+    want = 2 * a.astype(np.float64) @ as_dtype(b, dtype).astype(np.float64).T
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(z.numpy(), a + np.float32(0.5))
+
+
+# ---- quantised weights on every backend (QMatMul and Dequant kernels; no model file needed) ---------------------------
+def _random_blocks(gen, qtype, rows, cols):
+    """Random raw GGUF rows and their float32 values (numpy's dequantisation)."""
+    nb = cols // 32
+    d = gen.uniform(0.01, 0.1, (rows, nb)).astype(np.float16)
+    if qtype == "Q8_0":
+        q = gen.integers(-127, 128, (rows, nb, 32)).astype(np.int8)
+        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1)
+        vals = d.astype(np.float32)[..., None] * q.astype(np.float32)
+    else:
+        q = gen.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
+        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+        if qtype == "Q4_0":
+            raw = np.concatenate([d[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * (q.astype(np.float32) - 8)
+        else:
+            m = gen.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
+            raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
+    return raw.reshape(rows, -1), vals.reshape(rows, cols)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_quantized_matmul_and_embedding(backend, qtype, tokens, rng):
+    from helpers import run_full  # noqa: F401 (skips like the parity suite when the backend cannot run)
+    from luminal.quant import QuantizedWeight, dequantize
+
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    raw, vals = _random_blocks(rng.gen, qtype, 48, 96)
+    x = rng.data((tokens, 96)).astype(np.float32)
+    idx = rng.integers(0, 48, (4,))
+    g = lm.Graph()
+    w = dequantize(g, QuantizedWeight(raw, qtype, (48, 96)))
+    xt = g.tensor((tokens, 96), name="x").set(x)
+    it = g.tensor((4,), lm.int32, name="idx").set(idx)
+    y = (xt @ w.T).output()
+    e = w[it].output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    want = x.astype(np.float64) @ vals.T
+    # The CPU kernels (which also run the cuda-nvrtc lowering) quantise decode activations to int8: approximate.
+    atol = 3e-2 * np.abs(want).max() if backend.name in ("cpu", "cuda-nvrtc") and tokens == 1 else 1e-4
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
+    np.testing.assert_array_equal(e.numpy(), vals[idx])
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("k", [96, 72])  # a multiple of 32 (16-byte staging loads) and not
+def test_tensor_core_matmul_rounds_operands_to_the_compute_dtype(dtype, k, rng):
+    from helpers import as_dtype
+
+    g = lm.Graph()
+    x = g.tensor((2, 70, k), name="x")
+    w = g.tensor((100, k), name="w")
+    y = (x * 1.5 @ w.T).output()  # x * 1.5: an activation computed in float32, then fed to the matmul
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype))
+    a, b = rng.data((2, 70, k)).astype(np.float32), rng.data((100, k)).astype(np.float32)
+    x.set(a)
+    w.set(b)
+    g.execute()
+    want = as_dtype(a * np.float32(1.5), dtype).astype(np.float64) @ as_dtype(b, dtype).astype(np.float64).T
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-3, err_msg=repr(rng))
+
+
+@gpu
+def test_graph_replay_matches_direct_launches_as_dims_change(rng, monkeypatch):
+    """With LUMINAL_CUDA_GRAPHS=1 runs are replayed as CUDA graphs (updated in place as sizes and buffers change);
+    by default each kernel is launched directly. Both must give the same results, step after step."""
+    g = lm.Graph()
+    x = g.tensor(("n", 64), name="x")
+    w = g.tensor((48, 64), name="w")
+    h = (x @ w.T).softmax(-1)
+    y = (h.sum(0) + lm.arange(0, 48, graph=g).to(lm.float32)).output()
+    z = h.output()
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler())
+    w.set(rng.data((48, 64)).astype(np.float32))
+    for n in (1, 2, 2, 20, 3, 3):
+        x.set(rng.data((n, 64)).astype(np.float32))
+        monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", "0")
+        g.execute()
+        direct = (y.numpy(), z.numpy())
+        monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", "1")
+        g.execute()
+        np.testing.assert_array_equal(y.numpy(), direct[0])
+        np.testing.assert_array_equal(z.numpy(), direct[1])
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
+    """Projections of one activation (q/k/v) become one QMatMul over the stacked weights; each reads its columns."""
+    from luminal.quant import QuantizedWeight, dequantize
+
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    x = rng.data((tokens, 64)).astype(np.float32)
+    g = lm.Graph()
+    xt = g.tensor((tokens, 64), name="x").set(x)
+    outs, wants = [], []
+    for j, rows in enumerate((40, 8, 24)):
+        raw, vals = _random_blocks(rng.gen, qtype, rows, 64)
+        w = dequantize(g, QuantizedWeight(raw, qtype, (rows, 64)), name=f"w{j}")
+        outs.append((xt @ w.T).output())
+        wants.append(x.astype(np.float64) @ vals.T)
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    for o, want in zip(outs, wants):
+        atol = 3e-2 * np.abs(want).max() if backend.name in ("cpu", "cuda-nvrtc") and tokens == 1 else 1e-4
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
