@@ -13,7 +13,7 @@ import pytest
 import luminal as lm
 from helpers import needs_cuda, needs_nvrtc
 
-PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python")
+PY = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal: a checkout's or the installed one
 
 nvrtc = pytest.mark.skipif(needs_nvrtc() is not None, reason=str(needs_nvrtc()))
 gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
