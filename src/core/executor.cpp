@@ -122,7 +122,9 @@ void Executor::concretize(const std::unordered_set<int64_t>& donated, const std:
     if (s.home == Home::Arena && !s.in_place) {
       int64_t numel = 1;
       for (auto d : s.out_shape) numel *= d;
-      sizes.push_back(size_t(numel) * dtype_size(n.dtype));
+      // Planned in 1 KiB steps: a decode step's attention buffers grow by a few bytes per token, and the same
+      // rounded sizes keep the last plan.
+      sizes.push_back((size_t(numel) * dtype_size(n.dtype) + 1023) / 1024 * 1024);
       first.push_back(int64_t(p));
       last.push_back(std::max(int64_t(p), last_read_[s.id]));
       in_arena.push_back(&s);
