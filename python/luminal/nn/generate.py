@@ -101,7 +101,8 @@ class Session:
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop_ids=()):
         """Yields new token ids; `self.stats` holds prefill and decode timings afterwards."""
-        rng = np.random.default_rng(seed)
+        # Greedy decoding draws nothing: an unseeded generator would pull in OpenSSL (3 MB) for its entropy.
+        rng = np.random.default_rng(seed) if temperature > 0 else None
         t0 = time.perf_counter()
         logits = self.step(prompt_ids)
         t1 = time.perf_counter()
