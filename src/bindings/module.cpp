@@ -235,23 +235,6 @@ PYBIND11_MODULE(_core, m) {
         });
       });
 
-  m.def("run_reference", [](const Graph& g, const py::dict& dims, const py::dict& inputs) {
-    BufferMap in;
-    for (auto [k, v] : inputs) {
-      int64_t id = k.cast<int64_t>();
-      in[id] = to_buffer(v.cast<py::array>(), g.node(id).dtype);
-    }
-    Bindings b = to_bindings(dims);
-    BufferMap out;
-    {
-      py::gil_scoped_release release;  // custom kernels retake the GIL when they need it
-      out = run_reference(g, b, in);
-    }
-    py::dict r;
-    for (auto& [id, buf] : out) r[py::int_(id)] = to_numpy(buf);
-    return r;
-  }, "Run the graph's Output nodes once; returns {output id: array}.");
-
   py::class_<PyExecutor>(m, "Executor", "Runs a graph's outputs; keeps its schedule and memory plan between runs.")
       .def(py::init<const Graph&>(), py::keep_alive<1, 2>())
       .def("run", [](PyExecutor& self, const py::dict& dims, const py::dict& inputs, const py::iterable& donated) {

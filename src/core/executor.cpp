@@ -40,11 +40,7 @@ void Executor::build() {
   planned_ = false;
   // Only what the outputs need, producers first.
   std::vector<int64_t> order = g_.topo_order();
-  std::vector<char> needed(g_.size(), 0);
-  for (auto id : g_.outputs()) needed[id] = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it)
-    if (needed[*it])
-      for (auto& e : g_.node(*it).inputs) needed[e.node] = 1;
+  std::vector<char> needed = g_.needed(order);
   std::vector<int> readers(g_.size(), 0);
   last_read_.assign(g_.size(), -1);
   for (int64_t id : order) {

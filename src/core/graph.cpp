@@ -208,6 +208,15 @@ std::vector<int64_t> Graph::topo_order() const {
   return order;
 }
 
+std::vector<char> Graph::needed(const std::vector<int64_t>& order) const {
+  std::vector<char> need(nodes_.size(), 0);
+  for (auto id : outputs()) need[id] = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    if (need[*it])
+      for (auto& e : nodes_[*it].inputs) need[e.node] = 1;
+  return need;
+}
+
 std::vector<int64_t> Graph::outputs() const {
   std::vector<int64_t> out;
   for (int64_t i = 0; i < int64_t(nodes_.size()); ++i)

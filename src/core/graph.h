@@ -91,6 +91,8 @@ class Graph {
   size_t size() const { return nodes_.size(); }
   std::vector<int64_t> topo_order() const;  // alive nodes, producers first
   std::vector<int64_t> outputs() const;     // alive Output nodes
+  // needed[id]: node id is an Output or one reaches an Output through it. `order` is topo_order().
+  std::vector<char> needed(const std::vector<int64_t>& order) const;
   size_t alive_count() const;
 
   // Rewrites: consumers of `old_id` read `new_id` (same shape and dtype) instead, and ids users hold follow.

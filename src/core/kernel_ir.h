@@ -28,4 +28,8 @@ inline const Program* program_of(const Node& n) {
   return n.op == Op::Custom && n.name == "Fused" ? static_cast<const Program*>(n.payload.get()) : nullptr;
 }
 
+// The packed weight formats of the `Dequant<format>` and `QMatMul<format>` ops (GGUF blocks of 32 weights): the
+// block size in bytes when `name` is `prefix` + a format (Q8_0, Q4_0, Q4_1), else 0. Defined with the CPU kernels.
+int quant_block_bytes(const std::string& name, const char* prefix);
+
 }  // namespace luminal

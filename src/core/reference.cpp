@@ -1,6 +1,5 @@
 #include "core/reference.h"
 
-#include "core/executor.h"
 #include "core/primops.h"
 
 #include <chrono>
@@ -169,10 +168,6 @@ Buffer materialize(const Buffer& src, const ConcreteView& view) {
     store_from_double(out.data.get(), i, out.dtype, r.at(idx));
   });
   return out;
-}
-
-BufferMap run_reference(const Graph& g, const Bindings& dims, const BufferMap& inputs) {
-  return Executor(g).run(dims, inputs);
 }
 
 }  // namespace luminal

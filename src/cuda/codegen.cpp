@@ -594,22 +594,10 @@ Step Generator::dequant_step(const Node& n, int bb) {
   return st;
 }
 
-int block_bytes_of(const std::string& name, const char* prefix) {
-  size_t n = std::strlen(prefix);
-  if (name.compare(0, n, prefix) != 0) return 0;
-  std::string f = name.substr(n);
-  return f == "Q8_0" ? 34 : f == "Q4_0" ? 18 : f == "Q4_1" ? 20 : 0;
-}
-
 Schedule Generator::run() {
   sched_.storage.assign(g_.size(), DType::F32);
   std::vector<int64_t> order = g_.topo_order();
-  // Only what the outputs need, as the reference executor.
-  std::vector<char> needed(g_.size(), 0);
-  for (auto id : g_.outputs()) needed[id] = 1;
-  for (auto it = order.rbegin(); it != order.rend(); ++it)
-    if (needed[*it])
-      for (auto& e : g_.node(*it).inputs) needed[e.node] = 1;
+  std::vector<char> needed = g_.needed(order);  // only what the outputs need, as the CPU executor
   // Weights (float32 inputs a matmul multiplies by, or a gather reads rows of) are kept in the compute dtype;
   // other inputs (caches, activations, small tables such as RoPE frequencies) stay as they are.
   std::vector<char> weight(g_.size(), 0);
@@ -691,9 +679,9 @@ Schedule Generator::run() {
           prog->reduce = Op::SumReduce;
           st = program_step(n, prog);
           matmul_fast_kernels(n, st);
-        } else if ((bb = block_bytes_of(n.name, "QMatMul"))) {
+        } else if ((bb = quant_block_bytes(n.name, "QMatMul"))) {
           st = qmatmul_step(n, bb);
-        } else if ((bb = block_bytes_of(n.name, "Dequant"))) {
+        } else if ((bb = quant_block_bytes(n.name, "Dequant"))) {
           st = dequant_step(n, bb);
         }
         // Anything else (an op a Python compiler added) runs its CPU kernel on the host.

@@ -11,6 +11,7 @@
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
+#include "core/kernel_ir.h"
 
 namespace luminal {
 namespace {
@@ -190,6 +191,11 @@ std::optional<View> rebase_rows(const View& v, int64_t n, int64_t total, int64_t
 }
 
 }  // namespace
+
+int quant_block_bytes(const std::string& name, const char* prefix) {
+  const Format* f = format_of(name, prefix);
+  return f ? f->block_bytes : 0;
+}
 
 size_t lower_quantized(Graph& g) {
   // MatMul(a, Dequant(raw)) where the weight is read as W[n, k] and the activations are plain float32 rows.
