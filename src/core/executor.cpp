@@ -55,10 +55,11 @@ void Executor::build() {
       readers[e.node] += 1;
     }
     for (auto& d : n.shape) s.shape.push_back(intern(d));
-    for (auto* idx : {&s.shape}) s.deps.insert(s.deps.end(), idx->begin(), idx->end());
-    for (auto& r : s.views)
+    s.deps = s.shape;
+    for (auto& r : s.views) {
       for (auto* idx : {&r.shape, &r.strides, &r.lo, &r.hi}) s.deps.insert(s.deps.end(), idx->begin(), idx->end());
-    for (auto& r : s.views) s.deps.push_back(r.offset);
+      s.deps.push_back(r.offset);
+    }
     std::sort(s.deps.begin(), s.deps.end());
     s.deps.erase(std::unique(s.deps.begin(), s.deps.end()), s.deps.end());
     if (n.op == Op::Custom) s.kernel = g_.kernel(n.name);
@@ -83,11 +84,30 @@ void Executor::build() {
   version_ = g_.version();
 }
 
-void Executor::concretize(const std::unordered_set<int64_t>& donated, const std::vector<char>& dirty, bool all) {
+void Executor::evaluate(Step& s) {
   auto val = [&](const std::vector<int>& idx, std::vector<int64_t>& out) {  // in place: no allocation per step
     out.resize(idx.size());
     for (size_t i = 0; i < idx.size(); ++i) out[i] = values_[idx[i]];
   };
+  val(s.shape, s.out_shape);
+  for (size_t d = 0; d < s.out_shape.size(); ++d)
+    if (s.out_shape[d] < 0)
+      throw std::invalid_argument("dimension " + g_.node(s.id).shape[d].str() + " evaluates to a negative size " +
+                                  std::to_string(s.out_shape[d]));
+  s.args.resize(s.inputs.size());
+  for (size_t k = 0; k < s.inputs.size(); ++k) {
+    ConcreteView& v = s.args[k].view;
+    const ViewRef& r = s.views[k];
+    val(r.shape, v.shape);
+    val(r.strides, v.strides);
+    val(r.lo, v.lo);
+    val(r.hi, v.hi);
+    v.offset = values_[r.offset];
+    v.masked = r.masked;
+  }
+}
+
+void Executor::concretize(const std::unordered_set<int64_t>& donated, const std::vector<char>& dirty, bool all) {
   std::vector<size_t> sizes, offsets;
   std::vector<int64_t> first, last;
   std::vector<Step*> in_arena;
@@ -96,24 +116,7 @@ void Executor::concretize(const std::unordered_set<int64_t>& donated, const std:
     const Node& n = g_.node(s.id);
     bool stale = all;  // only steps that read a changed expression are re-evaluated (decode: the few that use p)
     for (size_t i = 0; i < s.deps.size() && !stale; ++i) stale = dirty[s.deps[i]];
-    if (stale) {
-    val(s.shape, s.out_shape);
-    for (size_t d = 0; d < s.out_shape.size(); ++d)
-      if (s.out_shape[d] < 0)
-        throw std::invalid_argument("dimension " + n.shape[d].str() + " evaluates to a negative size " +
-                                    std::to_string(s.out_shape[d]));
-    s.args.resize(s.inputs.size());
-    for (size_t k = 0; k < s.inputs.size(); ++k) {
-      ConcreteView& v = s.args[k].view;
-      const ViewRef& r = s.views[k];
-      val(r.shape, v.shape);
-      val(r.strides, v.strides);
-      val(r.lo, v.lo);
-      val(r.hi, v.hi);
-      v.offset = values_[r.offset];
-      v.masked = r.masked;
-    }
-    }
+    if (stale) evaluate(s);
     s.in_place = s.may_run_in_place && donated.count(s.inputs[0]);
     if (s.home == Home::Arena && !s.in_place) {
       int64_t numel = 1;

@@ -47,6 +47,7 @@ class Executor {
   };
 
   void build();
+  void evaluate(Step& s);  // its shape and views under values_
   void concretize(const std::unordered_set<int64_t>& donated, const std::vector<char>& dirty, bool all);
   int intern(const Expr& e);
   ViewRef ref(const View& v);
