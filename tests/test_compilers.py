@@ -15,6 +15,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -1188,6 +1189,42 @@ def test_row_reductions_keep_a_reduction_used_elsewhere():
     want, got, _, g1 = run_both(build, lm.GenericCompiler(), ElementwiseFusion(row_reductions=True))
     for w, g in zip(want, got):
         np.testing.assert_array_max_ulp(w, g, maxulp=4)
+
+
+def _attention(cx, q, k, v, mask, dtype, rep):
+    """Grouped-query attention over token-major caches, as nn.Llama records it."""
+    hk, d = k.shape[1], k.shape[2]
+    q, k, v, mask = (inp(cx, a, dtype) for a in (q, k, v, mask))
+    scores = (q @ k.transpose(0, 1).transpose(1, 2)) * 0.25
+    s, t = mask.shape
+    probs = (scores.reshape(hk, rep, s, t) + mask).softmax(-1).reshape(hk, rep * s, t)
+    return (probs @ v.transpose(0, 1)).output()
+
+
+@pytest.mark.parametrize("t", [1, 9, 300])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_is_one_kernel(t, dtype, seed):
+    """CPUCompiler turns scores, mask, softmax and the weighted sum into one Attention kernel (float32), with the
+    reference's results; other dtypes keep their MatMuls."""
+    rng = np.random.default_rng(seed)
+    hk, rep, s, d = 2, 3, 2, 16
+    q = rng.standard_normal((hk, rep * s, d))
+    k, v = rng.standard_normal((t, hk, d)), rng.standard_normal((t, hk, d))
+    mask = np.where(rng.random((s, t)) < 0.3, -np.inf, 0.0)
+    mask[:, 0] = 0  # every row sees a key
+    want, got, _, g1 = run_both(lambda cx: _attention(cx, q, k, v, mask, dtype, rep),
+                                lm.GenericCompiler(), lm.CPUCompiler())
+    if dtype == "float32":
+        assert ops(g1).get("Attention") == 1 and "MatMul" not in ops(g1), ops(g1)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6, err_msg=f"seed {seed}")
+    else:
+        assert "Attention" not in ops(g1)  # MatMul sums unrounded products: within a half-precision step
+        np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32), rtol=2e-3, atol=2e-3)
+    tq = torch.tensor(q).reshape(hk, rep, s, d)
+    tk, tv = torch.tensor(k).transpose(0, 1).unsqueeze(1), torch.tensor(v).transpose(0, 1).unsqueeze(1)
+    ref = torch.softmax(tq @ tk.transpose(-1, -2) * 0.25 + torch.tensor(mask), -1) @ tv
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    np.testing.assert_allclose(got[0], ref.reshape(hk, rep * s, d).numpy(), rtol=tol, atol=tol)
 
 
 def test_kept_tensor_survives_dead_node_removal():

@@ -203,6 +203,12 @@ class ElementwiseFusion(_CorePass):
         return _core.fuse_elementwise(g, self.row_reductions)
 
 
+class AttentionFusion(_CorePass):
+    """MatMul(softmax-like row program over MatMul(q, k), v) -> one kernel per row that never writes the scores
+    (run after ElementwiseFusion with row reductions)."""
+    fn = staticmethod(_core.fuse_attention)
+
+
 class CPUCompiler:
     """Lowers to the native CPU kernels (run GenericCompiler first). `threads` sets the worker count."""
 
@@ -210,7 +216,7 @@ class CPUCompiler:
         if threads is not None:
             _core.set_num_threads(threads)
         self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(),
-                       ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
+                       ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

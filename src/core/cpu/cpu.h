@@ -32,6 +32,17 @@ size_t lower_quantized(Graph& g);
 // QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
 size_t stack_qmatmuls(Graph& g);
 
+struct Program;
+// Evaluates a float-register program over row `row` (of length L) of its iteration space, input `given` reading
+// `given_row` instead of its buffer; the output row goes to `out`.
+void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
+                      const float* given_row, float* out);
+
+// MatMul(rows of a row program over the rows of another MatMul, V) -> one "Attention" kernel per row: the scores,
+// the program (scale, mask, softmax) and the weighted sum of V's rows, without writing the scores out. Run after
+// ElementwiseFusion.
+size_t fuse_attention(Graph& g);
+
 // Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each. With
 // `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
 // (Instr::Reduce): RMSNorm and softmax become one kernel each.

@@ -229,6 +229,36 @@ void fused_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& 
   else run_program<double>(prog, args, node, out);
 }
 
+}  // namespace
+
+void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
+                      const float* given_row, float* out) {
+  size_t nreg = prog.code.size();
+  thread_local std::vector<float> regs;
+  if (regs.size() < nreg * size_t(L)) regs.resize(nreg * size_t(L));
+  for (size_t i = 0; i < nreg; ++i) {
+    const Instr& in = prog.code[i];
+    float* dst = regs.data() + i * L;
+    if (in.kind == Instr::Load) {
+      if (in.input == given) std::copy(given_row, given_row + L, dst);
+      else load_row(args[in.input], row, 0, L, dst);
+    } else if (in.kind == Instr::Imm) {
+      std::fill(dst, dst + L, float(in.imm));
+    } else if (in.kind == Instr::Reduce) {
+      double acc = in.op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
+      const float* x = regs.data() + in.a * L;
+      for (int64_t j = 0; j < L; ++j) accumulate(in.op, acc, double(x[j]));
+      std::fill(dst, dst + L, float(round_to(in.dtype, acc)));
+    } else {
+      apply<float>(in.op, regs.data() + in.a * L, in.b >= 0 ? regs.data() + in.b * L : nullptr, dst, L);
+      round_to_dtype(dst, L, in.dtype);
+    }
+  }
+  std::copy(regs.data() + (nreg - 1) * L, regs.data() + nreg * L, out);
+}
+
+namespace {
+
 struct Registrar {
   Registrar() { register_builtin_kernel("Fused", fused_kernel); }
 } registrar;

@@ -366,6 +366,31 @@ __attribute__((target("avx2,fma"))) inline void axpy_f32_avx2(float alpha, const
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// out[i] = x . rows[i * stride ..] for n rows of k values: eight rows at a time, their eight accumulators totalled by
+// one add tree (instead of a horizontal sum per row: attention scores, a short row against many keys).
+__attribute__((target("avx2,fma"))) inline void dot_rows_f32_avx2(const float* x, const float* rows, int64_t stride,
+                                                                  int64_t n, int64_t k, float* out) {
+  int64_t i = 0, kv = k / 8 * 8;
+  for (; i + 8 <= n; i += 8) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < kv; j += 8) {
+      __m256 xv = _mm256_loadu_ps(x + j);
+      for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(rows + (i + r) * stride + j), acc[r]);
+    }
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+    __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    alignas(32) float o[8];
+    _mm256_store_ps(o, t);
+    for (int r = 0; r < 8; ++r) {
+      for (int64_t j = kv; j < k; ++j) o[r] += x[j] * rows[(i + r) * stride + j];
+      out[i + r] = o[r];
+    }
+  }
+  for (; i < n; ++i) out[i] = dot_f32_avx2(x, rows + i * stride, k);
+}
+
 // LUMINAL_NO_AVX2=1 forces the portable kernels (how the tests check them on an AVX2 machine).
 inline bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -380,6 +405,13 @@ inline float dot_f32(const float* a, const float* b, int64_t k) {
   if (have_avx2()) return dot_f32_avx2(a, b, k);
 #endif
   return dot_f32_portable(a, b, k);
+}
+
+inline void dot_rows_f32(const float* x, const float* rows, int64_t stride, int64_t n, int64_t k, float* out) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return dot_rows_f32_avx2(x, rows, stride, n, k, out);
+#endif
+  for (int64_t i = 0; i < n; ++i) out[i] = dot_f32_portable(x, rows + i * stride, k);
 }
 
 inline void dot_rx3_f32(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
