@@ -96,14 +96,17 @@ class CudaCompiler:
 
 
 class _Runtime:
-    """Runs a schedule: uploads inputs that changed, runs, returns {output id: DeviceArray}."""
+    """Runs a schedule: sends the inputs that changed since the last run (the runtime keeps the others), runs, returns
+    {output id: DeviceArray}."""
 
     def __init__(self, graph, schedule):
         self.graph, self.schedule = graph, schedule
         self.rt = _core.CudaRuntime(graph._g, schedule)
         self.uploaded: dict[int, tuple[object, DeviceArray]] = {}  # input id -> (host array, its device copy)
+        self.sent: dict[int, object] = {}  # input id -> the value the runtime holds (as set by the user)
         g = graph._g
         self.live_inputs = {i for i in g.topo_order() if g.node(i).op == "Input"}  # data for others is not sent
+        self.in_place = set(self.rt.in_place_inputs())  # inputs a Scatter updates in place when donated
 
     def _device_input(self, nid: int, value) -> DeviceArray:
         want = self.schedule.storage_dtype(nid)
@@ -122,5 +125,17 @@ class _Runtime:
         return dev
 
     def run(self, data: dict, dims: dict) -> dict:
-        inputs = {nid: self._device_input(nid, v) for nid, v in data.items() if nid in self.live_inputs}
-        return self.rt.run(inputs, dims)
+        inputs = {}
+        for nid, v in data.items():
+            if nid in self.live_inputs and self.sent.get(nid) is not v:
+                inputs[nid] = self._device_input(nid, v)
+                self.sent[nid] = v
+        donated = [nid for nid in self.graph._donated if nid in self.in_place]
+        try:
+            return self.rt.run(inputs, dims, donated)
+        finally:
+            # A donated input updated in place no longer holds what was set: a host array set again is uploaded
+            # again (a run that failed may have written some rows: forget it too).
+            for nid in donated:
+                self.uploaded.pop(nid, None)
+                self.sent.pop(nid, None)
