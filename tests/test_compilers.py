@@ -1129,18 +1129,23 @@ FUSION_CASES = {
     "compare, where": lambda x, y: lm.where(x > y, x.sqrt(), y.abs().log()),
     "max over rows": lambda x, y: (x * y).max(-1) + x.sum(-1),
     "int arithmetic": lambda x, y: ((x * 1000).to("int32") % 7 + 3).float() * y,
+    "rms_norm": lambda x, y: x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * y[0],
+    "softmax of masked scores": lambda x, y: (x.reshape(-1) * 0.3 + y.reshape(-1)).reshape(x.shape).softmax(-1) * y,
+    "var, then used twice": lambda x, y: x / x.var(-1, keepdim=True) + x.var(-1, keepdim=True).sqrt(),
 }
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["elementwise", "row_reductions"])
+@pytest.mark.parametrize("length", [37, 600])  # 600: rows longer than the CPU kernel's chunk of 256
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", list(FUSION_CASES))
-def test_fused_kernels_match_reference(case, dtype):
+def test_fused_kernels_match_reference(case, dtype, length, rows):
     from luminal.compiler import ElementwiseFusion
 
     rng = np.random.default_rng(7)
-    x, y = rng.uniform(0.1, 3.0, (5, 37)), rng.uniform(-2.0, 2.0, (5, 37))
+    x, y = rng.uniform(0.1, 3.0, (5, length)), rng.uniform(-2.0, 2.0, (5, length))
     want, got, _, g1 = run_both(lambda cx: FUSION_CASES[case](inp(cx, x, dtype), inp(cx, y, dtype)).output(),
-                                lm.GenericCompiler(), ElementwiseFusion())
+                                lm.GenericCompiler(), ElementwiseFusion(row_reductions=rows))
     assert "Fused" in ops(g1)
     if dtype == "float32":
         # float32 programs compute exp2 with a vector polynomial (within 1 ulp, see test_cpu_kernels.py); an ulp
@@ -1149,6 +1154,37 @@ def test_fused_kernels_match_reference(case, dtype):
             np.testing.assert_array_max_ulp(w, g, maxulp=4)
     else:
         assert_same(want, got)  # half-precision programs run in double: exactly the reference
+
+
+@pytest.mark.parametrize("case, kernels", [("softmax", 1), ("layer_norm", 1), ("rms_norm", 1),
+                                           ("softmax of masked scores", 1), ("var, then used twice", 1)])
+def test_row_reductions_fuse_normalisations_into_one_kernel(case, kernels):
+    """With row reductions a normalisation is one kernel (without them, one per reduction and its consumers)."""
+    from luminal.compiler import ElementwiseFusion
+
+    counts = []
+    for rows in (False, True):
+        cx = lm.Graph()
+        FUSION_CASES[case](cx.tensor(("s", 8)), cx.tensor(("s", 8))).output()
+        cx.compile(lm.GenericCompiler(), ElementwiseFusion(row_reductions=rows))
+        assert set(ops(cx)) <= {"Input", "Output", "Fused", "Constant"}, ops(cx)
+        counts.append(ops(cx)["Fused"])
+    assert counts[1] == kernels < counts[0]
+
+
+def test_row_reductions_keep_a_reduction_used_elsewhere():
+    """A reduction whose value is also an output is computed once more inside its consumer, not lost."""
+    from luminal.compiler import ElementwiseFusion
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-2.0, 2.0, (4, 300))
+    def build(cx):
+        t = inp(cx, x, "float32")
+        m = t.max(-1, keepdim=True)
+        return [m.output(), (t - m).exp().output()]
+    want, got, _, g1 = run_both(build, lm.GenericCompiler(), ElementwiseFusion(row_reductions=True))
+    for w, g in zip(want, got):
+        np.testing.assert_array_max_ulp(w, g, maxulp=4)
 
 
 def test_kept_tensor_survives_dead_node_removal():

@@ -141,10 +141,13 @@ class _CorePass:
 
     def compile(self, graph, remap):
         t = time.perf_counter()
-        n = type(self).fn(graph._g)
+        n = self.run(graph._g)
         self.seconds += time.perf_counter() - t
         self.changes += n
         return n
+
+    def run(self, g) -> int:
+        return type(self).fn(g)
 
     def __repr__(self):
         return type(self).__name__ + "()"
@@ -188,8 +191,16 @@ class QuantizedStacking(_CorePass):
 
 
 class ElementwiseFusion(_CorePass):
-    """Chains of elementwise primops, and a sum/max over the last axis at their end, -> one fused kernel each."""
-    fn = staticmethod(_core.fuse_elementwise)
+    """Chains of elementwise primops, and a sum/max over the last axis at their end, -> one fused kernel each.
+    With `row_reductions`, a reduction over the row also fuses into the consumers that read it broadcast along the
+    row (RMSNorm, softmax, layer norm: one kernel each); a backend turns it on once it can run such programs."""
+
+    def __init__(self, row_reductions: bool = False):
+        super().__init__()
+        self.row_reductions = row_reductions
+
+    def run(self, g) -> int:
+        return _core.fuse_elementwise(g, self.row_reductions)
 
 
 class CPUCompiler:
@@ -198,8 +209,8 @@ class CPUCompiler:
     def __init__(self, threads: int | None = None):
         if threads is not None:
             _core.set_num_threads(threads)
-        self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(), ElementwiseFusion(),
-                       DeadNodeRemoval()]
+        self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(),
+                       ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

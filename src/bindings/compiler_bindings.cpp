@@ -82,7 +82,7 @@ void bind_compiler(py::module_& m) {
   m.def("lower_matmuls", &lower_matmuls);
   m.def("lower_quantized", &lower_quantized);
   m.def("stack_qmatmuls", &stack_qmatmuls);
-  m.def("fuse_elementwise", &fuse_elementwise);
+  m.def("fuse_elementwise", &fuse_elementwise, py::arg("graph"), py::arg("row_reductions") = false);
   m.def("set_num_threads", &set_num_threads, "Worker threads for the CPU kernels (0: one per core).");
   m.def("simd", [] {
 #ifdef LUMINAL_X86

@@ -1,6 +1,8 @@
-// The kernel IR that backends share: a fused elementwise kernel is a small register program over its inputs' views
-// (optionally ending in a sum or max over the last axis). The lowering (what to fuse) builds it once; each backend
-// runs or prints it (the CPU interprets it, CUDA prints it as CUDA C).
+// The kernel IR that backends share: a fused kernel is a small register program over its inputs' views, evaluated
+// over an iteration space whose last axis is the row (optionally ending in a sum or max over that axis). A `Reduce`
+// step sums or maxes a register over the whole row and gives that value to every element of the row, so
+// normalisations (RMSNorm, softmax, layer norm) are one kernel. The lowering (what to fuse) builds it once; each
+// backend runs or prints it (the CPU interprets it, CUDA prints it as CUDA C).
 #pragma once
 #include <vector>
 
@@ -9,8 +11,8 @@
 namespace luminal {
 
 struct Instr {
-  enum Kind : uint8_t { Load, Imm, Apply } kind;
-  Op op = Op::Input;  // Apply: a unary or binary primop, or Cast
+  enum Kind : uint8_t { Load, Imm, Apply, Reduce } kind;
+  Op op = Op::Input;  // Apply: a unary or binary primop, or Cast; Reduce: SumReduce or MaxReduce
   int a = -1, b = -1;  // operand registers
   int input = -1;      // Load: which kernel input
   double imm = 0;      // Imm
@@ -19,6 +21,11 @@ struct Instr {
 
 struct Program {
   std::vector<Instr> code;  // register i is code[i]'s result; the last one is the output
+  bool has_row_reductions() const {
+    for (auto& in : code)
+      if (in.kind == Instr::Reduce) return true;
+    return false;
+  }
   Op reduce = Op::Input;    // SumReduce / MaxReduce over the last axis, or Input for none
   bool float_registers = false;  // CPU: every step float32 or bool, every load float32 or bool
 };

@@ -32,7 +32,9 @@ size_t lower_quantized(Graph& g);
 // QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
 size_t stack_qmatmuls(Graph& g);
 
-// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each.
-size_t fuse_elementwise(Graph& g);
+// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each. With
+// `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
+// (Instr::Reduce): RMSNorm and softmax become one kernel each.
+size_t fuse_elementwise(Graph& g, bool row_reductions = false);
 
 }  // namespace luminal

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <set>
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
@@ -85,6 +87,29 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
   }
 }
 
+// The steps phase `target` evaluates: what `target` depends on, with earlier Reduce steps as leaves (their values
+// are known by then) and a Reduce target needing its operand.
+std::vector<char> needed_for(const Program& prog, size_t target) {
+  std::vector<char> need(prog.code.size(), 0);
+  need[target] = 1;
+  for (size_t i = target + 1; i-- > 0;) {
+    const Instr& in = prog.code[i];
+    if (!need[i] || (in.kind == Instr::Reduce && i != target)) continue;
+    if (in.a >= 0) need[in.a] = 1;
+    if (in.b >= 0) need[in.b] = 1;
+  }
+  return need;
+}
+
+// Folds x into a running sum or max (NaN wins, as in the reference).
+inline void accumulate(Op op, double& acc, double x) {
+  if (op == Op::SumReduce) acc += x;
+  else if (std::isnan(x) || x > acc) acc = x;
+}
+
+// Runs the program row by row over chunks of the row. Each Reduce step needs the whole row first, so a row takes one
+// pass per Reduce step (evaluating only what that step needs), then one for the output: rows of any length run in
+// a fixed amount of register memory.
 template <class T>
 void run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
@@ -94,38 +119,61 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
   int64_t L = space.empty() ? 1 : space.back();
   int64_t rows = reduce ? out.numel() : (L ? out.numel() / L : 0);
   size_t nreg = prog.code.size();
+  std::vector<size_t> targets;  // the Reduce steps in order, then the output
+  for (size_t i = 0; i < nreg; ++i)
+    if (prog.code[i].kind == Instr::Reduce) targets.push_back(i);
+  targets.push_back(nreg - 1);
+  std::vector<std::vector<char>> need;
+  for (size_t t : targets) need.push_back(needed_for(prog, t));
   void* o = out.data.get();
-  parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg), [&](int64_t r0, int64_t r1) {
+  parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg * targets.size()), [&](int64_t r0, int64_t r1) {
     thread_local std::vector<T> regs;  // reused across calls: decode runs hundreds of small programs per token
+    thread_local std::vector<T> known;  // each Reduce step's value for the current row
     if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
+    if (known.size() < nreg) known.resize(nreg);
     for (int64_t row = r0; row < r1; ++row) {
-      double acc = prog.reduce == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
-      for (int64_t j0 = 0; j0 < L; j0 += kChunk) {
-        int64_t j1 = std::min(L, j0 + kChunk), n = j1 - j0;
-        for (size_t i = 0; i < nreg; ++i) {
-          const Instr& in = prog.code[i];
-          T* dst = regs.data() + i * kChunk;
-          if (in.kind == Instr::Load) {
-            load_row(args[in.input], row, j0, j1, dst);
-            continue;
+      for (size_t ph = 0; ph < targets.size(); ++ph) {
+        size_t target = targets[ph];
+        bool last = ph + 1 == targets.size();
+        const Instr& tin = prog.code[target];
+        Op red = last ? prog.reduce : tin.op;
+        double acc = red == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
+        for (int64_t j0 = 0; j0 < L; j0 += kChunk) {
+          int64_t j1 = std::min(L, j0 + kChunk), n = j1 - j0;
+          for (size_t i = 0; i < nreg; ++i) {
+            if (!need[ph][i]) continue;
+            const Instr& in = prog.code[i];
+            T* dst = regs.data() + i * kChunk;
+            if (in.kind == Instr::Load) {
+              load_row(args[in.input], row, j0, j1, dst);
+            } else if (in.kind == Instr::Imm) {
+              std::fill(dst, dst + n, T(in.imm));
+            } else if (in.kind == Instr::Reduce) {
+              if (i == target && !last) {  // this phase's goal: fold its operand over the row
+                const T* x = regs.data() + in.a * kChunk;
+                for (int64_t j = 0; j < n; ++j) accumulate(in.op, acc, double(x[j]));
+              } else {
+                std::fill(dst, dst + n, known[i]);
+              }
+            } else {
+              apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
+              round_to_dtype(dst, n, in.dtype);
+            }
           }
-          if (in.kind == Instr::Imm) { std::fill(dst, dst + n, T(in.imm)); continue; }
-          apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
-          round_to_dtype(dst, n, in.dtype);
+          if (!last) continue;
+          const T* res = regs.data() + (nreg - 1) * kChunk;
+          if (!reduce) {
+            if (node.dtype == DType::F32 && std::is_same<T, float>::value)
+              std::copy(res, res + n, static_cast<float*>(o) + row * L + j0);
+            else
+              for (int64_t j = 0; j < n; ++j) store_from_double(o, row * L + j0 + j, node.dtype, double(res[j]));
+          } else {
+            for (int64_t j = 0; j < n; ++j) accumulate(prog.reduce, acc, double(res[j]));
+          }
         }
-        const T* res = regs.data() + (nreg - 1) * kChunk;
-        if (!reduce) {
-          if (node.dtype == DType::F32 && std::is_same<T, float>::value)
-            std::copy(res, res + n, static_cast<float*>(o) + row * L + j0);
-          else
-            for (int64_t j = 0; j < n; ++j) store_from_double(o, row * L + j0 + j, node.dtype, double(res[j]));
-        } else if (prog.reduce == Op::SumReduce) {
-          for (int64_t j = 0; j < n; ++j) acc += double(res[j]);
-        } else {
-          for (int64_t j = 0; j < n; ++j) acc = (std::isnan(double(res[j])) || res[j] > acc) ? double(res[j]) : acc;
-        }
+        if (!last) known[target] = T(round_to(tin.dtype, acc));
+        else if (reduce) store_from_double(o, row, node.dtype, acc);
       }
-      if (reduce) store_from_double(o, row, node.dtype, acc);
     }
   });
 }
@@ -145,74 +193,189 @@ bool fusible(const Node& n) {
   return (n.op == Op::SumReduce || n.op == Op::MaxReduce) && n.axis == int(n.inputs[0].view.shape.size()) - 1;
 }
 
+// Builds the program of one root node, inlining the fused producers of its group. Every register is an element of
+// the root's iteration space S (the row is its last axis). A producer is inlined through an edge when
+//  - the edge reads it element for element (plain, or a contiguous reshape keeping the row): its code runs as is;
+//  - or (row reductions on) the edge broadcasts one value per row of S: a producer holding a value per row (say the
+//    1/rms of RMSNorm) runs its code once per row; a producer that reduces over a row of S becomes a Reduce step.
+// Its input views are moved into S. Emission is memoised per (node, view), so a value read twice is computed once.
+class ProgramBuilder {
+ public:
+  ProgramBuilder(Graph& g, bool rows, int64_t root) : g_(g), rows_(rows), root_(root) {}
+
+  // Grows the group until no producer can join: one whose users are all in the group (so it dies with the root).
+  void plan() {
+    for (;;) {
+      build();
+      bool grew = false;
+      for (int64_t c : candidates_) {
+        std::vector<int64_t> us = g_.users(c);
+        if (std::all_of(us.begin(), us.end(), [&](int64_t u) { return u == root_ || group_.count(u); }))
+          grew = group_.insert(c).second || grew;
+      }
+      if (!grew) return;
+    }
+  }
+
+  // The root's program and the edges it loads.
+  void build() {
+    prog_ = std::make_shared<Program>();
+    inputs_.clear();
+    memo_.clear();
+    candidates_.clear();
+    const Node& x = g_.node(root_);
+    if (x.op == Op::SumReduce || x.op == Op::MaxReduce) {
+      emit(x.inputs[0]);
+      prog_->reduce = x.op;
+      return;
+    }
+    Instr in{Instr::Apply, x.op};
+    in.a = emit(x.inputs[0]);
+    if (x.inputs.size() > 1) in.b = emit(x.inputs[1]);
+    in.dtype = x.dtype;
+    prog_->code.push_back(in);
+  }
+
+  // Removes the inlined producers nothing reads any more (the root was replaced), so that the users of the nodes
+  // before them are exact for the roots that follow.
+  void remove_absorbed() {
+    for (bool removed = true; removed;) {
+      removed = false;
+      for (int64_t id : group_)
+        if (g_.node(id).alive && g_.users(id).empty()) {
+          g_.remove(id);
+          removed = true;
+        }
+    }
+  }
+
+  std::shared_ptr<Program> prog_;
+  std::vector<Edge> inputs_;
+
+ private:
+  enum class Mode { Same, Rows };
+
+  // How the view `e` (in the root's space) can run producer `p`'s code, with p's input views moved into that
+  // space; nothing when it can only load p.
+  std::optional<std::vector<View>> inline_views(const Edge& e) const {
+    const Node& p = g_.node(e.node);
+    const Program* q = program_of(p);
+    if (!q || p.inputs.empty()) return std::nullopt;
+    const View& v = e.view;
+    const Shape& S = v.shape;
+    const Shape& space = p.inputs[0].view.shape;  // p's iteration space
+    bool p_reduces = q->reduce != Op::Input;
+    std::optional<Mode> mode;
+    if (!p_reduces && v.is_contiguous() && numel(S) == numel(p.shape) &&
+        (!q->has_row_reductions() || (!S.empty() && !space.empty() && S.back() == space.back())))
+      mode = Mode::Same;
+    else if (rows_ && !S.empty() && !v.has_mask() && v.strides.back() == Expr(0)) {
+      View per_row{Shape(S.begin(), S.end() - 1), Shape(v.strides.begin(), v.strides.end() - 1), v.offset, {}};
+      bool aligned = per_row.is_contiguous() && numel(per_row.shape) == numel(p.shape);
+      if (aligned && !p_reduces && !q->has_row_reductions()) mode = Mode::Rows;
+      if (aligned && p_reduces && !space.empty() && space.back() == S.back()) mode = Mode::Rows;
+    }
+    if (!mode) return std::nullopt;
+    bool per_row = *mode == Mode::Rows && !p_reduces;  // p's inputs hold one value per row: read them broadcast
+    Shape shape = S;
+    if (per_row) shape.back() = Expr(1);
+    std::vector<View> views;
+    for (const Edge& pe : p.inputs) {
+      std::optional<View> w = pe.view.reshape(shape);
+      if (!w) return std::nullopt;
+      views.push_back(per_row ? w->expand(int(S.size()) - 1, S.back()) : *w);
+    }
+    return views;
+  }
+
+  int emit(const Edge& e) {
+    for (auto& [seen, reg] : memo_)
+      if (seen.node == e.node && seen.view == e.view) return reg;
+    auto views = inline_views(e);
+    int reg;
+    if (views && group_.count(e.node)) {
+      reg = inline_code(g_.node(e.node), *views);
+    } else {
+      if (views) candidates_.insert(e.node);
+      reg = load(e);
+    }
+    memo_.emplace_back(e, reg);
+    return reg;
+  }
+
+  int inline_code(const Node& p, const std::vector<View>& views) {
+    const Program& q = *program_of(p);
+    std::vector<int> reg(q.code.size());
+    for (size_t i = 0; i < q.code.size(); ++i) {
+      Instr in = q.code[i];
+      if (in.kind == Instr::Load) {
+        reg[i] = emit(Edge{p.inputs[in.input].node, views[in.input]});
+        continue;
+      }
+      if (in.a >= 0) in.a = reg[in.a];
+      if (in.b >= 0) in.b = reg[in.b];
+      prog_->code.push_back(in);
+      reg[i] = int(prog_->code.size()) - 1;
+    }
+    if (q.reduce != Op::Input) {  // p reduced each row of this space: a Reduce step
+      Instr r{Instr::Reduce, q.reduce};
+      r.a = reg.back();
+      r.dtype = p.dtype;
+      prog_->code.push_back(r);
+    }
+    return int(prog_->code.size()) - 1;
+  }
+
+  int load(const Edge& e) {
+    const Node& p = g_.node(e.node);
+    Instr in;
+    if (p.op == Op::Constant && !e.view.has_mask()) {
+      in.kind = Instr::Imm;
+      in.imm = p.value;
+    } else {
+      in.kind = Instr::Load;
+      in.input = int(inputs_.size());
+      inputs_.push_back(e);
+    }
+    in.dtype = p.dtype;
+    prog_->code.push_back(in);
+    return int(prog_->code.size()) - 1;
+  }
+
+  Graph& g_;
+  bool rows_;
+  int64_t root_;
+  std::set<int64_t> group_, candidates_;
+  std::vector<std::pair<Edge, int>> memo_;
+};
 
 }  // namespace
 
-size_t fuse_elementwise(Graph& g) {
+size_t fuse_elementwise(Graph& g, bool row_reductions) {
   size_t count = 0;
   for (int64_t id : g.topo_order()) {
-    Node x = g.node(id);  // a copy: adding nodes may move the node table
-    if (!x.alive || !fusible(x)) continue;
-    auto prog = std::make_shared<Program>();
-    std::vector<Edge> inputs;
-    // Emits the code computing edge e; returns its register.
-    std::function<int(const Edge&)> emit = [&](const Edge& e) -> int {
-      const Node& p = g.node(e.node);
-      const Program* inner = program_of(p);
-      if (inner && inner->reduce == Op::Input && is_plain(g, e) && g.users(e.node).size() == 1) {
-        // Inline the producer's program, renumbering its registers and inputs.
-        int base = int(prog->code.size());
-        std::vector<int> in_map;
-        for (auto& pe : p.inputs) {
-          in_map.push_back(int(inputs.size()));
-          inputs.push_back(pe);
-        }
-        for (Instr in : inner->code) {
-          if (in.a >= 0) in.a += base;
-          if (in.b >= 0) in.b += base;
-          if (in.kind == Instr::Load) in.input = in_map[in.input];
-          prog->code.push_back(in);
-        }
-        return int(prog->code.size()) - 1;
-      }
-      Instr in;
-      if (p.op == Op::Constant && !e.view.has_mask()) {
-        in.kind = Instr::Imm;
-        in.imm = p.value;
-      } else {
-        in.kind = Instr::Load;
-        in.input = int(inputs.size());
-        inputs.push_back(e);
-      }
-      in.dtype = p.dtype;
-      prog->code.push_back(in);
-      return int(prog->code.size()) - 1;
-    };
-    if (x.op == Op::SumReduce || x.op == Op::MaxReduce) {
-      emit(x.inputs[0]);
-      prog->reduce = x.op;
-    } else {
-      Instr in{Instr::Apply, x.op};
-      in.a = emit(x.inputs[0]);
-      if (x.inputs.size() > 1) in.b = emit(x.inputs[1]);
-      in.dtype = x.dtype;
-      prog->code.push_back(in);
-    }
-    if (inputs.empty()) continue;  // constants only: GenericCompiler folds those
-    prog->float_registers = true;
-    for (auto& in : prog->code) {
+    if (!g.node(id).alive || !fusible(g.node(id))) continue;
+    ProgramBuilder b(g, row_reductions, id);
+    b.plan();
+    if (b.inputs_.empty()) continue;  // constants only: GenericCompiler folds those
+    Program& prog = *b.prog_;
+    prog.float_registers = true;
+    for (auto& in : prog.code) {
       bool f = in.dtype == DType::F32 || in.dtype == DType::Bool;
       if (in.kind == Instr::Load) {
-        DType t = g.node(inputs[in.input].node).dtype;
+        DType t = g.node(b.inputs_[in.input].node).dtype;
         f = t == DType::F32 || t == DType::Bool;
       }
       if (in.kind == Instr::Imm) f = f && double(float(in.imm)) == in.imm;
-      prog->float_registers = prog->float_registers && f;
+      prog.float_registers = prog.float_registers && f;
     }
-    int64_t f = g.custom("Fused", inputs, x.shape, x.dtype);
-    g.node_mut(f).payload = prog;
+    const Node& x = g.node(id);
+    Shape shape = x.shape;
+    int64_t f = g.custom("Fused", b.inputs_, shape, x.dtype);
+    g.node_mut(f).payload = b.prog_;
     g.replace_uses(id, f);
     g.remove(id);
+    b.remove_absorbed();
     ++count;
   }
   if (count) remove_dead_nodes(g);

@@ -191,6 +191,9 @@ size_t lower_matmuls(Graph& g) {
     return n.axis == int(n.inputs[0].view.shape.size()) - 1;
   };
   Rule rule{"SumReduce(Mul) -> MatMul", root, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
+              // A row times itself is a sum of squares (RMSNorm), not a product of matrices: it stays a reduction,
+              // which fuses with its producers and consumers.
+              if (m["a"].node == m["b"].node && m["a"].view == m["b"].view) return std::nullopt;
               const Node& n = gg.node(m.root);
               return gg.custom("MatMul", {m["a"], m["b"]}, n.shape, n.dtype);
             }};
