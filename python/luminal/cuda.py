@@ -84,7 +84,8 @@ class CudaCompiler:
         if not self.dtype.is_float:
             raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
         self.device = device
-        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(), DeadNodeRemoval()]
+        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
+        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):

@@ -435,6 +435,13 @@ void Runtime::build_plan(const Bindings& dims) {
         throw std::invalid_argument(n.name + ": expects uint8 rows of whole blocks");
       p[2] = bytes / st.block_bytes * 32;
       P.items[i] = p[2] ? out_n / 32 : 0;
+    } else if (st.program && st.program->has_row_reductions()) {
+      // A block per row (codegen's row_kernel): p[2] the row length, items the rows.
+      int64_t L = cv[0].shape.empty() ? 1 : cv[0].shape.back();
+      p[2] = L;
+      P.items[i] = st.program->reduce != Op::Input ? out_n : (L ? out_n / L : 0);
+      P.variant[i] = 4;
+      P.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(P.items[i], int64_t(sms_) * 16))), 1, 1};
     } else if (st.program && st.program->reduce != Op::Input) {
       p[2] = cv[0].shape.back();
       P.items[i] = out_n;
