@@ -1151,7 +1151,10 @@ def test_fused_kernels_match_reference(case, dtype, length, rows):
         # float32 programs compute exp2 with a vector polynomial (within 1 ulp, see test_cpu_kernels.py); an ulp
         # of difference can move a dependent result by a few.
         for w, g in zip(want, got):
-            np.testing.assert_array_max_ulp(w, g, maxulp=4)
+            if case == "broadcast, transposed":  # sin(exp(x) + y): an ulp of exp near 20 is ~2e-6 after sin
+                np.testing.assert_allclose(g, w, rtol=1e-6, atol=4e-6)
+            else:
+                np.testing.assert_array_max_ulp(w, g, maxulp=4)
     else:
         assert_same(want, got)  # half-precision programs run in double: exactly the reference
 

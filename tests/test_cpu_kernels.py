@@ -46,7 +46,9 @@ def threads(request):
 
 
 @pytest.mark.parametrize("qtype", sorted(BLOCK_BYTES))
-@pytest.mark.parametrize("rows_a,n,k", [(1, 7, 32), (1, 33, 96), (3, 5, 64), (4, 9, 160), (5, 17, 96), (35, 11, 64)])
+# k = 256, 576, 800: eight-block groups of the decode kernel, with and without leftover blocks
+@pytest.mark.parametrize("rows_a,n,k", [(1, 7, 32), (1, 33, 96), (3, 5, 64), (4, 9, 160), (5, 17, 96), (35, 11, 64),
+                                        (1, 13, 576), (2, 5, 256), (1, 6, 800)])
 def test_quantised_matmul_against_float64(qtype, rows_a, n, k, threads, seed):
     rng = np.random.default_rng(seed)
     raw = random_blocks(rng, qtype, n, k)

@@ -136,6 +136,15 @@ void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings
       int64_t src_numel = 1;
       for (auto d : src.v.shape) src_numel *= d;
       bool src_plain = src.dtype == n.dtype && src.v.is_plain(src.v.shape) && src.size >= src_numel;
+      // Rows of the same dtype through an unpadded strided view (the V rows of a stacked q/k/v product): copied
+      // element by element without the double round trip, every offset inside the buffer (checked once).
+      bool src_strided = !src_plain && src.dtype == n.dtype && !src.v.masked && src_numel > 0;
+      if (src_strided) {
+        int64_t lo = src.v.offset, hi = src.v.offset;
+        for (size_t d = 0; d < src.v.shape.size(); ++d)
+          (src.v.strides[d] < 0 ? lo : hi) += (src.v.shape[d] - 1) * src.v.strides[d];
+        src_strided = lo >= 0 && hi < src.size;
+      }
       size_t ni = index.v.shape.size();
       std::vector<int64_t> s_idx(src.v.shape.size());
       for_each_index(index.v.shape, [&](int64_t mi, const int64_t* m) {
@@ -149,6 +158,16 @@ void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings
           return;
         }
         for (size_t d = 0; d < ni; ++d) s_idx[d] = m[d];
+        if (src_strided) {
+          char* row = static_cast<char*>(o) + int64_t(r) * row_size * es;
+          for_each_index(row_shape, [&](int64_t j, const int64_t* rest) {
+            int64_t off = src.v.offset;
+            for (size_t d = 0; d < ni; ++d) off += m[d] * src.v.strides[d];
+            for (size_t d = 0; d < row_shape.size(); ++d) off += rest[d] * src.v.strides[ni + d];
+            std::memcpy(row + j * es, static_cast<const char*>(src.base) + off * es, es);
+          });
+          return;
+        }
         for_each_index(row_shape, [&](int64_t j, const int64_t* rest) {
           for (size_t d = 0; d < row_shape.size(); ++d) s_idx[ni + d] = rest[d];
           store_from_double(o, int64_t(r) * row_size + j, n.dtype, src.at(s_idx.data()));

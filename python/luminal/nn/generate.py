@@ -11,6 +11,8 @@ from .. import dtypes as dt
 from ..compiler import CPUCompiler, GenericCompiler
 from .llama import Llama
 
+_MADV_POPULATE_WRITE = 23  # Linux's value; Python's mmap module names it from 3.13
+
 
 def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
            rng: np.random.Generator | None = None) -> int:
@@ -69,7 +71,9 @@ class Session:
         # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
         # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
         shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
-        block = np.frombuffer(mmap.mmap(-1, 4 * math.prod(shape)), np.float32).reshape(shape)
+        self._map = mmap.mmap(-1, 4 * math.prod(shape))
+        self._resident = 0  # rows made resident ahead of use (see _reserve)
+        block = np.frombuffer(self._map, np.float32).reshape(shape)
         self.graph.set_dim("c", capacity)
         for i, t in enumerate(ins):
             if self._caches:
@@ -79,11 +83,30 @@ class Session:
         self._caches = list(block)
         self._capacity = capacity
 
+    def _reserve(self, rows: int):
+        """Makes the cache rows up to `rows` (and up to 64 more) resident with one call per cache, ahead of the
+        steps that write them: a page fault per new page, taken one at a time inside the step, costs more than the
+        rest of the cache update (measured ~30 us each on a VM, ~11 per decode step for SmolLM2)."""
+        if rows <= self._resident or not isinstance(self._caches[0], np.ndarray):  # a GPU keeps its own
+            return
+        end = min(self._capacity, max(rows, self._resident + 64))
+        per_row = self._caches[0][0].nbytes
+        page = mmap.PAGESIZE
+        for i in range(len(self._caches)):
+            a = (i * self._capacity + self._resident) * per_row // page * page
+            b = (i * self._capacity + end) * per_row
+            try:
+                self._map.madvise(_MADV_POPULATE_WRITE, a, b - a)
+            except (OSError, ValueError):  # before Linux 5.14: the pages fault in as they are written
+                break
+        self._resident = end
+
     def step(self, ids) -> np.ndarray:
         """Feeds tokens after the cached ones; returns their logits."""
         ids = np.asarray(ids, np.int32).reshape(-1)
         if self.length + len(ids) > self._capacity:
             self._give_caches(max(2 * self._capacity, self.length + len(ids)))
+        self._reserve(self.length + len(ids))
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
         self.graph.execute()

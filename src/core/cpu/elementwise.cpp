@@ -19,7 +19,7 @@
 namespace luminal {
 namespace {
 
-constexpr int64_t kChunk = 256;
+constexpr int64_t kChunk = 1024;
 
 // Registers are double, or float when every step of the program is float32 or bool: for + - * / sqrt fmod and
 // comparisons a float operation gives exactly the double result rounded to float, and the transcendental ones go
@@ -107,9 +107,9 @@ inline void accumulate(Op op, double& acc, double x) {
   else if (std::isnan(x) || x > acc) acc = x;
 }
 
-// Runs the program row by row over chunks of the row. Each Reduce step needs the whole row first, so a row takes one
-// pass per Reduce step (evaluating only what that step needs), then one for the output: rows of any length run in
-// a fixed amount of register memory.
+// Runs the program over chunks of kChunk values: several whole rows, or one piece of a long row. A Reduce step needs
+// its whole row first, so a long row takes one pass per Reduce step (evaluating only what that step needs), then
+// one for the output: rows of any length run in a fixed amount of register memory.
 template <class T>
 void run_program(const Program& prog, const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
   if (args.empty()) throw std::logic_error("Fused: a kernel without inputs");
@@ -119,13 +119,58 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
   int64_t L = space.empty() ? 1 : space.back();
   int64_t rows = reduce ? out.numel() : (L ? out.numel() / L : 0);
   size_t nreg = prog.code.size();
+  void* o = out.data.get();
+  if (L > 0 && L <= kChunk) {
+    // Short rows: several whole rows per chunk, so each step's loop covers up to kChunk values, and a row's Reduce
+    // steps see the whole row at once: one pass, in program order.
+    int64_t per = kChunk / L;
+    parallel_for(rows, L * int64_t(nreg), [&](int64_t r0, int64_t r1) {
+      thread_local std::vector<T> regs;
+      if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
+      for (int64_t g0 = r0; g0 < r1; g0 += per) {
+        int64_t m = std::min(r1 - g0, per), n = m * L;
+        for (size_t i = 0; i < nreg; ++i) {
+          const Instr& in = prog.code[i];
+          T* dst = regs.data() + i * kChunk;
+          if (in.kind == Instr::Load) {
+            for (int64_t r = 0; r < m; ++r) load_row(args[in.input], g0 + r, 0, L, dst + r * L);
+          } else if (in.kind == Instr::Imm) {
+            std::fill(dst, dst + n, T(in.imm));
+          } else if (in.kind == Instr::Reduce) {
+            const T* x = regs.data() + in.a * kChunk;
+            for (int64_t r = 0; r < m; ++r) {
+              double acc = in.op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
+              for (int64_t j = 0; j < L; ++j) accumulate(in.op, acc, double(x[r * L + j]));
+              std::fill(dst + r * L, dst + (r + 1) * L, T(round_to(in.dtype, acc)));
+            }
+          } else {
+            apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
+            round_to_dtype(dst, n, in.dtype);
+          }
+        }
+        const T* res = regs.data() + (nreg - 1) * kChunk;
+        if (reduce) {
+          for (int64_t r = 0; r < m; ++r) {
+            double acc = prog.reduce == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
+            for (int64_t j = 0; j < L; ++j) accumulate(prog.reduce, acc, double(res[r * L + j]));
+            store_from_double(o, g0 + r, node.dtype, acc);
+          }
+        } else if (node.dtype == DType::F32 && std::is_same<T, float>::value) {
+          std::copy(res, res + n, static_cast<float*>(o) + g0 * L);
+        } else {
+          for (int64_t j = 0; j < n; ++j) store_from_double(o, g0 * L + j, node.dtype, double(res[j]));
+        }
+      }
+    });
+    return;
+  }
+  // Long rows: chunks of one row, one pass per Reduce step.
   std::vector<size_t> targets;  // the Reduce steps in order, then the output
   for (size_t i = 0; i < nreg; ++i)
     if (prog.code[i].kind == Instr::Reduce) targets.push_back(i);
   targets.push_back(nreg - 1);
   std::vector<std::vector<char>> need;
   for (size_t t : targets) need.push_back(needed_for(prog, t));
-  void* o = out.data.get();
   parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg * targets.size()), [&](int64_t r0, int64_t r1) {
     thread_local std::vector<T> regs;  // reused across calls: decode runs hundreds of small programs per token
     thread_local std::vector<T> known;  // each Reduce step's value for the current row

@@ -65,21 +65,34 @@ CustomKernel dequant_kernel(const Format& f) {
   };
 }
 
-// The rows of one or more weights stacked (QMatMul over q/k/v at once): row n of the stack.
+// The rows of one or more weights stacked (QMatMul over q/k/v at once): row n of the stack. Each weight's rows are
+// read through a view of whole rows (W[n, :], broadcast over the other dims): a base pointer and a row stride,
+// checked against the buffer once, so the hot loop does no index arithmetic per row.
 struct StackedRows {
-  std::vector<const KernelArg*> ws;
+  std::vector<const uint8_t*> base;
+  std::vector<int64_t> stride;
   std::vector<int64_t> start;  // first stacked row of each weight, and the total at the end
   StackedRows(const std::vector<KernelArg>& args, const Format& f) : start{0} {
     for (size_t i = 1; i < args.size(); ++i) {
-      check_raw(args[i], f, "QMatMul");
-      ws.push_back(&args[i]);
-      start.push_back(start.back() + args[i].view.shape[args[i].view.shape.size() - 2]);
+      const KernelArg& a = args[i];
+      check_raw(a, f, "QMatMul");
+      size_t r = a.view.shape.size();
+      int64_t rows = r >= 2 ? a.view.shape[r - 2] : 1;
+      base.push_back(raw_row(a, 0));
+      stride.push_back(r >= 2 ? a.view.strides[r - 2] : 0);
+      if (rows > 1) raw_row(a, rows - 1);  // the last row lies inside the buffer too
+      start.push_back(start.back() + rows);
     }
   }
-  const uint8_t* operator()(int64_t n) const {
+  // The weight holding stacked row n, and n's row within it.
+  size_t which(int64_t n) const {
     size_t j = 0;
-    while (j + 1 < ws.size() && n >= start[j + 1]) ++j;
-    return raw_row(*ws[j], n - start[j]);
+    while (j + 1 < base.size() && n >= start[j + 1]) ++j;
+    return j;
+  }
+  const uint8_t* operator()(int64_t n) const {
+    size_t j = which(n);
+    return base[j] + (n - start[j]) * stride[j];
   }
 };
 
@@ -111,11 +124,14 @@ CustomKernel qmatmul_kernel(const Format& f) {
       for (int64_t row = 0; row < rows; ++row)
         simd::quantize_q8(pa + row_off[row], nb, q.data() + row * K, d.data() + row * nb, s.data() + row * nb);
       parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
-        for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t n = n0; n < n1;) {
+          size_t j = w.which(n);
+          int64_t end = std::min(n1, w.start[j + 1]);  // this weight's rows in [n, n1)
           const uint8_t* wr = w(n);
-          for (int64_t row = 0; row < rows; ++row)
-            o[row * N + n] = simd::dot_q8(f.block_bytes, wr, q.data() + row * K, d.data() + row * nb,
-                                          s.data() + row * nb, nb);
+          for (; n < end; ++n, wr += w.stride[j])
+            for (int64_t row = 0; row < rows; ++row)
+              o[row * N + n] = simd::dot_q8(f.block_bytes, wr, q.data() + row * K, d.data() + row * nb,
+                                            s.data() + row * nb, nb);
         }
       });
       return;
