@@ -135,8 +135,9 @@ class _Runtime:
         try:
             return self.rt.run(inputs, dims, donated)
         finally:
-            # A donated input updated in place no longer holds what was set: a host array set again is uploaded
-            # again (a run that failed may have written some rows: forget it too).
+            # A donated host array's device copy was updated in place and no longer holds what was set: set again, it
+            # is uploaded again (after a failed run too, which may have written some rows).
             for nid in donated:
                 self.uploaded.pop(nid, None)
-                self.sent.pop(nid, None)
+                if not isinstance(self.sent.get(nid), DeviceArray):  # (a device array set is the one updated)
+                    self.sent.pop(nid, None)
