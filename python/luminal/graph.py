@@ -41,6 +41,7 @@ class Graph:
         self._runtime = None  # set by a backend compiler; None runs the native executor
         self._executor = None  # made on the first execute; follows later edits of the graph itself
         self._donated: set[int] = set()  # inputs whose arrays the next execute may overwrite
+        self._on_device: set[int] = set()  # inputs holding a DeviceArray
         self.compilers: list = []
         self._dot_before_compile = None
         _current.graph = self
@@ -111,8 +112,9 @@ class Graph:
         else:
             if self._executor is None:
                 self._executor = _core.Executor(self._g)
-            # data left on a GPU (a DeviceArray) comes to the host for the CPU executor
-            data = {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in self._data.items()}
+            data = self._data
+            if self._on_device:  # data left on a GPU (a DeviceArray) comes to the host for the CPU executor
+                data = {k: v if isinstance(v, np.ndarray) else v.numpy() for k, v in data.items()}
             out = self._executor.run(self._dims, data, self._donated)
         self._results = out
         self._fresh = set()
@@ -179,6 +181,7 @@ class Graph:
                                 f"of {have.name} with shape {array.shape}")
             self._bind(node.shape, array.shape, node.name)
             self._data[nid] = array
+            self._on_device.add(nid)
             return
         if hasattr(array, "detach"):  # a torch tensor
             array = array.detach().cpu()
@@ -196,6 +199,7 @@ class Graph:
         else:
             arr = np.require(arr, dtype=want.np, requirements="C")  # keeps 0-d arrays 0-d
         self._data[nid] = arr
+        self._on_device.discard(nid)
 
     def _bind(self, shape, actual, name):
         """Binds the symbolic dims of `shape` from an array's `actual` shape. A dim bound since the last execute

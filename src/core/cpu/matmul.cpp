@@ -141,12 +141,18 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
     });
     return;
   }
-  // Parallel over N so each thread streams its own slice of the (usually weight) operand.
+  // Parallel over N so each thread streams its own slice of the (usually weight) operand. Row offsets are worked
+  // out once (a division per dim), not per output.
+  std::vector<int64_t> row_a(rows), row_b(rows);
+  for (int64_t row = 0; row < rows; ++row) {
+    row_a[row] = outer_offset(va, row, 2);
+    row_b[row] = outer_offset(vb, row, 2);
+  }
   parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
     std::vector<int64_t> idx(r);
     for (int64_t n = n0; n < n1; ++n)
       for (int64_t row = 0; row < rows; ++row) {
-        int64_t oa = outer_offset(va, row, 2) + n * sna, ob = outer_offset(vb, row, 2) + n * snb;
+        int64_t oa = row_a[row] + n * sna, ob = row_b[row] + n * snb;
         int64_t o = row * N + n;
         if (fast) {
           const float* pa = static_cast<const float*>(a.buf->data.get()) + oa;

@@ -121,8 +121,11 @@ CustomKernel qmatmul_kernel(const Format& f) {
       // weight blocks in integer arithmetic (memory-bound: each weight byte is read once).
       std::vector<int8_t> q(rows * K);
       std::vector<float> d(rows * nb), s(rows * nb);
-      for (int64_t row = 0; row < rows; ++row)
+      for (int64_t row = 0; row < rows; ++row) {
         simd::quantize_q8(pa + row_off[row], nb, q.data() + row * K, d.data() + row * nb, s.data() + row * nb);
+        if (simd::wants_pairs(f.block_bytes))
+          simd::pair_activations(q.data() + row * K, d.data() + row * nb, s.data() + row * nb, nb);
+      }
       parallel_for(N, rows * K, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1;) {
           size_t j = w.which(n);
