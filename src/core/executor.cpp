@@ -157,7 +157,10 @@ BufferMap Executor::run(const Bindings& dims, const BufferMap& inputs, const std
     planned_ = true;
     plan_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
-  if (arena_size_ > arena_capacity_ || !arena_) {
+  // The arena grows as needed and is kept, but not when a plan needs under a quarter of it: a long prompt's arena
+  // would otherwise stay resident through every decode step.
+  bool shrink = arena_size_ < arena_capacity_ / 4 && arena_capacity_ > (size_t(1) << 18);
+  if (arena_size_ > arena_capacity_ || !arena_ || shrink) {
     arena_capacity_ = std::max(arena_size_, kArenaAlign);
     arena_ = std::shared_ptr<void>(::operator new(arena_capacity_, std::align_val_t(kArenaAlign)),
                                    [](void* p) { ::operator delete(p, std::align_val_t(kArenaAlign)); });

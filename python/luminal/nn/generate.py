@@ -91,12 +91,12 @@ class Session:
         self._capacity = capacity
 
     def _reserve(self, rows: int):
-        """Makes the cache rows up to `rows` (and up to 16 more) resident with one call per cache, ahead of the
+        """Makes the cache rows up to `rows` (and up to 8 more) resident with one call per cache, ahead of the
         steps that write them: a page fault per new page, taken one at a time inside the step, costs more than the
         rest of the cache update (measured ~30 us each on a VM, ~11 per decode step for SmolLM2)."""
         if rows <= self._resident or not isinstance(self._caches[0], np.ndarray):  # a GPU keeps its own
             return
-        end = min(self._capacity, max(rows, self._resident + 16))
+        end = min(self._capacity, max(rows, self._resident + 8))
         per_row = self._caches[0][0].nbytes
         page = mmap.PAGESIZE
         for i in range(len(self._caches)):
