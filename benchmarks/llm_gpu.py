@@ -8,10 +8,14 @@ copied into luminal (`luminal.cuda.from_torch`, no trip through the host). Then:
   * decode: greedy, --decode tokens after a 32-token prompt, tokens/s and achieved GB/s (weight bytes read per token
     over the time per token), as % of the device-to-device copy bandwidth measured in the same run;
   * prefill: one --prefill-token prompt, milliseconds;
-  * the ratio to torch eager (HF model, DynamicCache, one token per forward).
-Not measured here (not built): the hand-written torch.compile "reduce-overhead" static-cache loop.
+  * the peers, in the same run: torch eager (HF model, DynamicCache, one token per forward), and a hand-written
+    torch.compile decode loop (`StaticDecoder`: the same weights, one reused static KV cache, mode="reduce-overhead",
+    i.e. CUDA graphs), both greedy and reading the token on the host every step as luminal does; ratios to each.
+Decode rates are medians over --reps timed runs per engine, engines alternating (the machine is shared); torch
+eager, ~10x slower, runs once.
 
-    PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048]
+    PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
+        [--no-compile] [--graphs-off]
 """
 from __future__ import annotations
 
@@ -111,6 +115,79 @@ def torch_decode(hf, prompt, n):
         return toks, (n - 1) / (time.perf_counter() - t)
 
 
+class StaticDecoder(torch.nn.Module):
+    """The honest compiled peer: a hand-written Llama decode step over the HF model's weights, with one static KV
+    cache (max_len rows, written in place at `pos`, attention masked beyond it), compiled with
+    mode="reduce-overhead" (CUDA graphs). Greedy decoding reads each token on the host, as the luminal loop does."""
+
+    def __init__(self, hf, c: LlamaConfig, max_len: int):
+        super().__init__()
+        self.c, self.hf, self.max_len = c, hf, max_len
+        dev, bf = "cuda", torch.bfloat16
+        self.register_buffer("kc", torch.zeros(c.n_layers, max_len, c.n_kv_heads, c.head_dim, device=dev, dtype=bf))
+        self.register_buffer("vc", torch.zeros_like(self.kc))
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, device=dev, dtype=torch.float64) / c.head_dim))
+        f = torch.arange(max_len, device=dev, dtype=torch.float64)[:, None] * inv[None]
+        emb = torch.cat([f, f], -1)
+        self.register_buffer("cos", emb.cos().float())
+        self.register_buffer("sin", emb.sin().float())
+        self.register_buffer("ar", torch.arange(max_len, device=dev))
+
+    def norm(self, x, w):
+        x = x.float()
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c.rms_eps)).to(torch.bfloat16) * w
+
+    def rope(self, x, cos, sin):
+        h = x.shape[-1] // 2
+        rot = torch.cat([-x[..., h:], x[..., :h]], -1)
+        return (x.float() * cos + rot.float() * sin).to(torch.bfloat16)
+
+    def forward(self, tok, pos):  # tok, pos: (1,) int64 on the GPU
+        c, m = self.c, self.hf.model
+        H, Hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
+        x = m.embed_tokens.weight[tok]  # (1, hidden)
+        cos, sin = self.cos[pos], self.sin[pos]  # (1, d)
+        valid = (self.ar <= pos)[None, None, :]  # (1, 1, max_len)
+        for i, layer in enumerate(m.layers):
+            a = layer.self_attn
+            h = self.norm(x, layer.input_layernorm.weight)
+            q = self.rope((h @ a.q_proj.weight.t()).view(H, d), cos, sin)
+            k = self.rope((h @ a.k_proj.weight.t()).view(Hkv, d), cos, sin)
+            v = (h @ a.v_proj.weight.t()).view(Hkv, d)
+            self.kc[i].index_copy_(0, pos, k[None])
+            self.vc[i].index_copy_(0, pos, v[None])
+            keys, vals = self.kc[i].transpose(0, 1), self.vc[i].transpose(0, 1)  # (Hkv, max_len, d)
+            qg = q.view(Hkv, H // Hkv, d)
+            sc = (qg @ keys.transpose(1, 2)).float() * (1.0 / d ** 0.5)  # (Hkv, rep, max_len)
+            sc = sc.masked_fill(~valid, float("-inf")).softmax(-1).to(torch.bfloat16)
+            o = (sc @ vals).reshape(1, H * d)
+            x = x + o @ a.o_proj.weight.t()
+            h = self.norm(x, layer.post_attention_layernorm.weight)
+            mlp = layer.mlp
+            g = torch.nn.functional.silu(h @ mlp.gate_proj.weight.t()) * (h @ mlp.up_proj.weight.t())
+            x = x + g @ mlp.down_proj.weight.t()
+        x = self.norm(x, m.norm.weight)
+        return (x @ self.hf.lm_head.weight.t()).float()[0]
+
+
+def compiled_decode(dec, step, prompt, n):
+    """Greedy: the prompt one token at a time (fills the cache), then n tokens; returns (tokens, tok/s)."""
+    with torch.no_grad():
+        pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        for i, t in enumerate(prompt):
+            pos.fill_(i)
+            logits = step(torch.tensor([t], device="cuda"), pos)
+        tok = int(logits.argmax())
+        toks = [tok]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(n - 1):
+            pos.fill_(len(prompt) + i)
+            tok = int(step(torch.tensor([tok], device="cuda"), pos).argmax())
+            toks.append(tok)
+        return toks, (n - 1) / (time.perf_counter() - t0)
+
+
 def luminal_decode(s: Session, prompt, n):
     s.reset()
     logits = s.step(prompt)
@@ -148,11 +225,38 @@ def run_model(key, args, bw):
     got = got[-1:]
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     top1 = float(np.mean(np.argmax(got, -1) == np.argmax(want, -1)))
-    # Decode.
+    # Decode: engines alternate, --reps timed runs each; medians.
     luminal_decode(s, prompt, 4)  # warm-up (compiles, plans)
-    l_toks, l_tps = luminal_decode(s, prompt, args.decode)
-    t_toks, t_tps = torch_decode(hf, prompt, args.decode)
+    dec = step = None
+    if not args.no_compile:
+        t = time.perf_counter()
+        dec = StaticDecoder(hf, c, len(prompt) + args.decode + 8)
+        step = torch.compile(dec, mode="reduce-overhead", fullgraph=True)
+        compiled_decode(dec, step, prompt[:4], 4)  # compiles and records the graphs
+        compile_peer_s = time.perf_counter() - t
+    rates = {"luminal": [], "torch eager": [], "torch.compile": []}
+    toks = {}
+    for _ in range(args.reps):
+        toks["luminal"], r = luminal_decode(s, prompt, args.decode)
+        rates["luminal"].append(r)
+        if step is not None:
+            toks["torch.compile"], r = compiled_decode(dec, step, prompt, args.decode)
+            rates["torch.compile"].append(r)
+        if not rates["torch eager"]:  # slow (~10 tok/s on the 8B shape): once
+            toks["torch eager"], r = torch_decode(hf, prompt, args.decode)
+            rates["torch eager"].append(r)
+    if args.graphs_off:  # the same loop with direct launches, for comparison
+        import os
+
+        os.environ["LUMINAL_CUDA_GRAPHS"] = "0"
+        rates["luminal (no graphs)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
+        del os.environ["LUMINAL_CUDA_GRAPHS"]
+    med = {k: statistics.median(v) for k, v in rates.items() if v}
+    l_toks, t_toks = toks["luminal"], toks["torch eager"]
     agree = next((i for i, (a, b) in enumerate(zip(l_toks, t_toks)) if a != b), len(l_toks))
+    if "torch.compile" in toks:
+        ct = toks["torch.compile"]
+        agree_c = next((i for i, (a, b) in enumerate(zip(ct, t_toks)) if a != b), len(ct))
     wb = weight_bytes(c)
     # Prefill.
     long = rng.integers(0, c.vocab_size, args.prefill).tolist()
@@ -174,16 +278,27 @@ def run_model(key, args, bw):
         s.step([0])
         del os.environ["LUMINAL_PROFILE"]
     tp = prefill_ms(torch_prefill, 3)
-    print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; luminal compile {compile_s:.1f} s")
+    print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; luminal compile {compile_s:.1f} s"
+          + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
     print(f"logits (last prompt position) vs torch bf16: relative L2 error {rel:.3e}, top-1 agreement {top1:.0%}")
-    print(f"greedy tokens identical for the first {agree} of {args.decode}")
-    print(f"{'':22}{'luminal':>12}{'torch eager':>14}{'ratio':>8}")
-    print(f"{'decode tok/s':22}{l_tps:12.1f}{t_tps:14.1f}{l_tps / t_tps:8.2f}")
-    print(f"{'decode GB/s':22}{wb * l_tps / 1e9:12.0f}{wb * t_tps / 1e9:14.0f}")
-    print(f"{'% of copy bandwidth':22}{100 * wb * l_tps / bw:11.1f}%{100 * wb * t_tps / bw:13.1f}%")
-    print(f"{'prefill ' + str(args.prefill) + ' ms':22}{lp:12.1f}{tp:14.1f}{tp / lp:8.2f}")
+    print(f"greedy tokens: luminal = torch eager for the first {agree} of {args.decode}"
+          + ("" if step is None else f"; torch.compile = torch eager for the first {agree_c}"))
+    print(f"decode, median of {args.reps} runs of {args.decode} tokens (all runs: "
+          + "; ".join(f"{k} " + ",".join(f"{x:.1f}" for x in v) for k, v in rates.items() if v) + ")")
+    print(f"{'':22}{'tok/s':>9}{'GB/s':>8}{'% copy bw':>11}{'x eager':>9}{'x compile':>11}")
+    for k, r in med.items():
+        xc = f"{r / med['torch.compile']:11.2f}" if "torch.compile" in med else f"{'-':>11}"
+        print(f"{k:22}{r:9.1f}{wb * r / 1e9:8.0f}{100 * wb * r / bw:10.1f}%{r / med['torch eager']:9.2f}{xc}")
+    print(f"{'prefill ' + str(args.prefill) + ' ms':22} luminal {lp:.1f}, torch eager {tp:.1f}: {tp / lp:.2f}x")
+    if args.kernels:
+        print(f"kernels per decode step: {args.kernels(s)}")
     del s, hf
     torch.cuda.empty_cache()
+
+
+def kernels_per_step(s: Session) -> int:
+    """Kernels the last run (a decode step) launched."""
+    return s.graph._runtime.rt.last_launches()
 
 
 def main():
@@ -193,7 +308,11 @@ def main():
     p.add_argument("--prefill", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="print the time per op kind of one decode step")
+    p.add_argument("--reps", type=int, default=3, help="timed decode runs per engine (medians are printed)")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     args = p.parse_args()
+    args.kernels = kernels_per_step
     ok, why = lm.cuda_available()
     if not ok:
         raise SystemExit(f"no GPU: {why}")

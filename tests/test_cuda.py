@@ -223,8 +223,8 @@ def test_tensor_core_matmul_rounds_operands_to_the_compute_dtype(dtype, k, rng):
 
 @gpu
 def test_graph_replay_matches_direct_launches_as_dims_change(rng, monkeypatch):
-    """With LUMINAL_CUDA_GRAPHS=1 runs are replayed as CUDA graphs (updated in place as sizes and buffers change);
-    by default each kernel is launched directly. Both must give the same results, step after step."""
+    """By default runs are replayed as CUDA graphs (updated in place as sizes and buffers change); with
+    LUMINAL_CUDA_GRAPHS=0 each kernel is launched directly. Both must give the same results, step after step."""
     g = lm.Graph()
     x = g.tensor(("n", 64), name="x")
     w = g.tensor((48, 64), name="w")
@@ -267,3 +267,72 @@ def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
     for o, want in zip(outs, wants):
         atol = 3e-2 * np.abs(want).max() if backend.name in ("cpu", "cuda-nvrtc") and tokens == 1 else 1e-4
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
+
+
+@gpu
+def test_donated_scatter_writes_rows_in_place(rng):
+    """A Scatter whose destination is a donated input that only it reads writes its rows into that input's device
+    array (no copy): the result is the same array. Without donation the input is left as it was."""
+    g = lm.Graph()
+    cache = g.tensor(("c", 6), name="cache")
+    rows = g.tensor(("s", 6), name="rows")
+    idx = g.tensor(("s",), lm.int32, name="idx")
+    new = cache.index_copy(0, idx, rows)
+    out = new.output()
+    total = new.sum(0).output()  # a second reader of the result (not of the input): still in place
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler())
+    c0 = rng.data((9, 6)).astype(np.float32)
+    want = c0.copy()
+    cache.set(c0, donate=True)
+    for step, slots in enumerate([[1, 4], [0], [8, 2, 5]]):
+        r = rng.data((len(slots), 6)).astype(np.float32)
+        rows.set(r)
+        idx.set(np.array(slots, np.int32))
+        g.execute()
+        res = out.result()  # (before numpy(), which replaces it with the host copy)
+        want[slots] = r
+        np.testing.assert_array_equal(out.numpy(), want)
+        np.testing.assert_allclose(total.numpy(), want.sum(0), rtol=1e-5, atol=1e-5)
+        if step:
+            assert res.ptr == given.ptr, "the donated array was copied, not updated in place"
+        given = res
+        cache.set(res, donate=True)
+    # Not donated: the scatter copies, and the input keeps its values from run to run.
+    cache.set(c0)
+    rows.set(np.ones((1, 6), np.float32))
+    idx.set(np.array([3], np.int32))
+    for _ in range(2):
+        g.execute()
+        assert out.result().ptr != given.ptr
+        want = c0.copy()
+        want[3] = 1
+        np.testing.assert_array_equal(out.numpy(), want)
+
+
+@gpu
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_llama_decode_steps_match_the_cpu(graphs, rng, monkeypatch):
+    """A decode loop on the GPU (KV caches updated in place, the capacity doubling twice, CUDA graphs on and off)
+    gives the CPU backend's logits at every step."""
+    from luminal.nn import Llama, LlamaConfig, Session
+
+    monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", graphs)
+    cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16)
+    weights = None
+    sessions = []
+    for comps in ([lm.CPUCompiler()], [lm.CudaCompiler("float32")]):
+        model = Llama(cfg)
+        if weights is None:
+            weights = {n: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
+                       for n, p in model.named_parameters()}
+        for n, p in model.named_parameters():
+            p.set(weights[n])
+        sessions.append(Session(model, [lm.GenericCompiler()] + comps, capacity=4))
+    ids = rng.integers(0, cfg.vocab_size, (20,))
+    for s in sessions:
+        s.reset()
+    steps = [ids[:3]] + [ids[i:i + 1] for i in range(3, 20)]
+    for k, tok in enumerate(steps):
+        cpu, gpu_ = (s.step(tok) for s in sessions)
+        np.testing.assert_allclose(gpu_, cpu, rtol=2e-4, atol=2e-4, err_msg=f"step {k}")
+    assert sessions[1]._capacity == 32

@@ -84,7 +84,8 @@ class CudaCompiler:
         if not self.dtype.is_float:
             raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
         self.device = device
-        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(), DeadNodeRemoval()]
+        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
+        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):
@@ -96,14 +97,17 @@ class CudaCompiler:
 
 
 class _Runtime:
-    """Runs a schedule: uploads inputs that changed, runs, returns {output id: DeviceArray}."""
+    """Runs a schedule: sends the inputs that changed since the last run (the runtime keeps the others), runs, returns
+    {output id: DeviceArray}."""
 
     def __init__(self, graph, schedule):
         self.graph, self.schedule = graph, schedule
         self.rt = _core.CudaRuntime(graph._g, schedule)
         self.uploaded: dict[int, tuple[object, DeviceArray]] = {}  # input id -> (host array, its device copy)
+        self.sent: dict[int, object] = {}  # input id -> the value the runtime holds (as set by the user)
         g = graph._g
         self.live_inputs = {i for i in g.topo_order() if g.node(i).op == "Input"}  # data for others is not sent
+        self.in_place = set(self.rt.in_place_inputs())  # inputs a Scatter updates in place when donated
 
     def _device_input(self, nid: int, value) -> DeviceArray:
         want = self.schedule.storage_dtype(nid)
@@ -122,5 +126,18 @@ class _Runtime:
         return dev
 
     def run(self, data: dict, dims: dict) -> dict:
-        inputs = {nid: self._device_input(nid, v) for nid, v in data.items() if nid in self.live_inputs}
-        return self.rt.run(inputs, dims)
+        inputs = {}
+        for nid, v in data.items():
+            if nid in self.live_inputs and self.sent.get(nid) is not v:
+                inputs[nid] = self._device_input(nid, v)
+                self.sent[nid] = v
+        donated = [nid for nid in self.graph._donated if nid in self.in_place]
+        try:
+            return self.rt.run(inputs, dims, donated)
+        finally:
+            # A donated host array's device copy was updated in place and no longer holds what was set: set again, it
+            # is uploaded again (after a failed run too, which may have written some rows).
+            for nid in donated:
+                self.uploaded.pop(nid, None)
+                if not isinstance(self.sent.get(nid), DeviceArray):  # (a device array set is the one updated)
+                    self.sent.pop(nid, None)

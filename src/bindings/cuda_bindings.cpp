@@ -84,6 +84,8 @@ void bind_cuda(py::module_& m) {
       .def_property_readonly("shape", [](const DeviceArray& a) { return py::tuple(py::cast(a.shape)); })
       .def_property_readonly("dtype", [](const DeviceArray& a) { return std::string(dtype_name(a.dtype)); })
       .def_property_readonly("nbytes", &DeviceArray::nbytes)
+      .def_property_readonly("ptr", [](const DeviceArray& a) { return uintptr_t(a.buf ? a.buf->ptr : 0); },
+                             "The device address (e.g. to check that a run updated an array in place).")
       .def_property_readonly("ndim", [](const DeviceArray& a) { return a.shape.size(); })
       .def("numpy", [](const DeviceArray& a) {
         std::vector<py::ssize_t> shape(a.shape.begin(), a.shape.end());
@@ -113,19 +115,22 @@ void bind_cuda(py::module_& m) {
 
   py::class_<Runtime>(m, "CudaRuntime")
       .def(py::init([](const Graph& g, const Schedule& s) { return new Runtime(g, s); }))
-      .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims) {
+      .def("in_place_inputs", &Runtime::in_place_inputs)
+      .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
+      .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated) {
         std::unordered_map<int64_t, DeviceArray> in;
         for (auto [k, v] : inputs) in[k.cast<int64_t>()] = v.cast<DeviceArray>();
         Bindings b = bindings_of(dims);
         std::unordered_map<int64_t, DeviceArray> out;
         {
           py::gil_scoped_release release;  // host steps retake it for Python kernels
-          out = rt.run(in, b);
+          out = rt.run(in, b, donated);
         }
         py::dict r;
         for (auto& [id, a] : out) r[py::int_(id)] = a;
         return r;
-      });
+      }, py::arg("inputs"), py::arg("dims"), py::arg("donated") = std::vector<int64_t>{},
+      "Runs with `inputs` (only those changed since the last run are needed) and returns {output id: DeviceArray}.");
 }
 
 }  // namespace luminal

@@ -90,6 +90,17 @@ template <class T> __device__ __forceinline__ T warp_max(T v) {
   for (int o = 16; o > 0; o >>= 1) v = op_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// A sum or max over the block (blockDim.x a multiple of 32, at most 1024) that every thread receives; `part` is
+// shared scratch of 32 values. The first barrier keeps a previous call's readers ahead of this call's writers.
+template <class T> __device__ __forceinline__ T block_reduce(T v, bool sum, T* part) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = sum ? warp_sum(v) : warp_max(v);
+  __syncthreads();
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  v = lane < nw ? part[lane] : (sum ? (T)0 : (T)-__int_as_float(0x7f800000));
+  return sum ? warp_sum(v) : warp_max(v);
+}
 )";
 
 bool is_int(DType d) { return d == DType::I32 || d == DType::U8; }
@@ -223,6 +234,9 @@ class Generator {
   }
 
   std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
+  template <class BodyOf>
+  std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                         const BodyOf& body_of);
   Step program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm = {});
   Step gather_step(const Node& n);
   Step scatter_step(const Node& n);
@@ -243,35 +257,49 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   std::string T = dbl ? "double" : "float";
   int R = st.views.empty() ? 0 : st.views[0].rank;
   std::vector<std::string> idx = names("i", 0, R);
+  // The statements computing the needed registers at element idx (a Reduce step not computed here reads its row's
+  // value, `k<i>`, known by then).
+  auto body_of = [&](const std::vector<char>& need, size_t skip) {
+    Text body;
+    for (size_t i = 0; i < prog.code.size(); ++i) {
+      if (!need[i] || i == skip) continue;
+      const Instr& in = prog.code[i];
+      std::string r = "r" + std::to_string(i);
+      body << "    " << T << " " << r << ";\n";
+      if (in.kind == Instr::Load) {
+        body << load(st.views[in.input], idx, "in" + std::to_string(in.input), storage(n.inputs[in.input].node), T, r);
+        continue;
+      }
+      if (in.kind == Instr::Imm) {
+        body << "    " << r << " = " << lit(in.imm, !dbl) << ";\n";
+        continue;
+      }
+      if (in.kind == Instr::Reduce) {
+        body << "    " << r << " = k" << int(i) << ";\n";
+        continue;
+      }
+      std::string a = "r" + std::to_string(in.a), b = in.b >= 0 ? "r" + std::to_string(in.b) : "";
+      std::string e;
+      switch (in.op) {
+        case Op::Log2: e = "op_log2(" + a + ")"; break;
+        case Op::Exp2: e = "op_exp2(" + a + ")"; break;
+        case Op::Sin: e = "op_sin(" + a + ")"; break;
+        case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
+        case Op::Recip: e = "(" + T + ")1 / " + a; break;
+        case Op::Add: e = a + " + " + b; break;
+        case Op::Mul: e = a + " * " + b; break;
+        case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
+        case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
+        default: e = a; break;  // Cast / copy: the rounding does the work
+      }
+      body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
+    }
+    return body.str();
+  };
+  std::vector<char> all(prog.code.size(), 1);
   Text body;
-  for (size_t i = 0; i < prog.code.size(); ++i) {
-    const Instr& in = prog.code[i];
-    std::string r = "r" + std::to_string(i);
-    body << "    " << T << " " << r << ";\n";
-    if (in.kind == Instr::Load) {
-      body << load(st.views[in.input], idx, "in" + std::to_string(in.input), storage(n.inputs[in.input].node), T, r);
-      continue;
-    }
-    if (in.kind == Instr::Imm) {
-      body << "    " << r << " = " << lit(in.imm, !dbl) << ";\n";
-      continue;
-    }
-    std::string a = "r" + std::to_string(in.a), b = in.b >= 0 ? "r" + std::to_string(in.b) : "";
-    std::string e;
-    switch (in.op) {
-      case Op::Log2: e = "op_log2(" + a + ")"; break;
-      case Op::Exp2: e = "op_exp2(" + a + ")"; break;
-      case Op::Sin: e = "op_sin(" + a + ")"; break;
-      case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
-      case Op::Recip: e = "(" + T + ")1 / " + a; break;
-      case Op::Add: e = a + " + " + b; break;
-      case Op::Mul: e = a + " * " + b; break;
-      case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
-      case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
-      default: e = a; break;  // Cast / copy: the rounding does the work
-    }
-    body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
-  }
+  body << body_of(all, size_t(-1));
+  if (prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
   std::string res = "r" + std::to_string(prog.code.size() - 1);
   std::string st_fn = std::string("st_") + dtype_name(n.dtype);
   Text k;
@@ -311,13 +339,74 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   return k.str();
 }
 
+// The registers phase `target` evaluates: what it depends on, with earlier Reduce steps as leaves (their row values
+// are known by then); a Reduce target needs its operand.
+std::vector<char> needed_for(const Program& prog, size_t target) {
+  std::vector<char> need(prog.code.size(), 0);
+  need[target] = 1;
+  for (size_t i = target + 1; i-- > 0;) {
+    const Instr& in = prog.code[i];
+    if (!need[i] || (in.kind == Instr::Reduce && i != target)) continue;
+    if (in.a >= 0) need[in.a] = 1;
+    if (in.b >= 0) need[in.b] = 1;
+  }
+  return need;
+}
+
+// A program with row reductions (RMSNorm, softmax): a block per row. Each Reduce step is a pass over the row by the
+// block's threads (evaluating only what it needs, from the loads: values are recomputed, not kept) ending in a
+// block-wide sum or max that every thread receives; the last pass computes the output (stored per element, or
+// reduced once more when the program ends in a reduction). p[1]: rows, p[2]: row length.
+template <class BodyOf>
+std::string Generator::row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                                  const BodyOf& body_of) {
+  int R = st.views[0].rank;
+  if (R < 1) throw std::logic_error("CUDA codegen: a row reduction over a rank-0 iteration space");
+  std::string j = "i" + std::to_string(R - 1), st_fn = std::string("st_") + dtype_name(n.dtype);
+  auto init = [&](Op op) { return op == Op::SumReduce ? "(" + T + ")0" : lit(-INFINITY, !dbl); };
+  auto combine = [&](Op op, const std::string& x) {
+    return op == Op::SumReduce ? "acc + " + x : "op_max(acc, " + x + ")";
+  };
+  Text k;
+  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(int(n.inputs.size())) << " {\n"
+    << "  __shared__ " << T << " part[32];\n"
+    << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
+  if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.kind != Instr::Reduce) continue;
+    std::string a = "r" + std::to_string(in.a);
+    k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << init(in.op) << ";\n"
+      << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << body_of(needed_for(prog, i), i) << "    acc = " << combine(in.op, a) << ";\n    }\n"
+      << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
+      << (in.op == Op::SumReduce ? "true" : "false") << ", part));\n    }\n";
+  }
+  size_t last = prog.code.size() - 1;
+  std::string res = "r" + std::to_string(last);
+  if (prog.reduce == Op::Input) {
+    k << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << body_of(needed_for(prog, last), size_t(-1)) << "    " << st_fn << "(out, row * p[2] + " << j << ", " << res
+      << ");\n    }\n";
+  } else {
+    k << "    {\n    " << T << " acc = " << init(prog.reduce) << ";\n"
+      << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << body_of(needed_for(prog, last), size_t(-1)) << "    acc = " << combine(prog.reduce, res) << ";\n    }\n"
+      << "    acc = block_reduce(acc, " << (prog.reduce == Op::SumReduce ? "true" : "false") << ", part);\n"
+      << "    if (threadIdx.x == 0) " << st_fn << "(out, row, acc);\n    }\n";
+  }
+  k << "  }\n}\n";
+  return k.str();
+}
+
 Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm) {
   Step st{Step::Kernel, -1};
   for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), perm));
   layout(st);
   st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
   st.fn = add_kernel(program_kernel(*prog, st, n));
-  if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
+  if (prog->has_row_reductions()) st.block_fn = st.fn;  // always a block per row (runtime.cpp)
+  else if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
   st.program = std::move(prog);
   return st;
 }

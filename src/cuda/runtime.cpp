@@ -15,6 +15,14 @@ namespace luminal {
 namespace cuda {
 namespace {
 
+// Sizes rounded up to 1/8 of their power of two (at least 256 bytes): the pool's classes, and the arena's.
+size_t size_class(size_t bytes) {
+  size_t b = std::max<size_t>(bytes, 256);
+  size_t top = size_t(1) << (63 - __builtin_clzll(b));
+  size_t step = std::max<size_t>(top / 8, 256);
+  return (b + step - 1) / step * step;
+}
+
 // Freed device memory is kept by size class (sizes rounded up to 1/8 of their power of two) and reused, so runs
 // allocate nothing from the driver once warm (cuMemFree would also synchronise the device). Never destroyed: it
 // must outlive every array, including those Python frees at exit.
@@ -54,12 +62,6 @@ class Pool {
   }
 
  private:
-  static size_t size_class(size_t bytes) {
-    size_t b = std::max<size_t>(bytes, 256);
-    size_t top = size_t(1) << (63 - __builtin_clzll(b));
-    size_t step = std::max<size_t>(top / 8, 256);
-    return (b + step - 1) / step * step;
-  }
   std::mutex mu_;
   std::multimap<size_t, CUdeviceptr> free_;
 };
@@ -146,6 +148,10 @@ DeviceArray convert(const DeviceArray& a, DType to) {
   return out;
 }
 
+// A plan holds everything derived from one set of bound dims. It is updated in place when the dims change: only
+// the steps whose numbers depend on a dim that changed are evaluated again (a decode step: the few that depend on
+// the cache length), and the arena keeps its offsets while the buffers' size classes stay the same, so a CUDA graph
+// recorded from it stays valid.
 struct Runtime::Plan {
   Bindings dims;
   std::vector<std::vector<int64_t>> shapes;  // per node id
@@ -153,9 +159,11 @@ struct Runtime::Plan {
   std::vector<size_t> slot;                 // per step: its first slot in the block
   std::vector<int64_t> offset;              // per node: arena offset, or -1 (own allocation / not a buffer)
   std::vector<char> fresh;                  // per node: a new allocation per run (outputs and what they alias)
+  std::vector<int64_t> last_use;            // per node: the last step reading it
   size_t arena_bytes = 0;
+  std::vector<size_t> arena_sizes;          // the size classes the arena was planned for
   std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
-  std::unordered_map<int64_t, DeviceArray> iota_dev;        // ... uploaded once per plan (not aliased by an output)
+  std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
   std::vector<int64_t> items;               // per step: work items (elements, rows, blocks)
   std::vector<int64_t> items2;              // per step: Scatter's second kernel
   std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
@@ -231,24 +239,56 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     }
     step_views_.push_back(std::move(views));
   }
-  // A step is dynamic when a number of its views, or a size of its output or inputs, depends on the dims.
-  auto symbolic = [](const std::vector<Num>& v) {
-    for (auto& x : v)
-      if (x.expr) return true;
-    return false;
-  };
+  // The dims each step's numbers depend on (its views, its output's and inputs' sizes): a new plan evaluates a step
+  // again only when one of them changed.
+  std::vector<int64_t> readers(g_.size(), 0);
+  for (auto& st : s_.steps)
+    for (auto& e : g_.node(st.node).inputs) readers[e.node]++;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
-    const Node& n = g_.node(s_.steps[i].node);
-    bool dyn = symbolic(shape_nums_[s_.steps[i].node]);
-    for (auto& e : n.inputs) dyn = dyn || symbolic(shape_nums_[e.node]);
-    for (auto& v : step_views_[i]) {
-      dyn = dyn || v.offset.expr || symbolic(v.shape) || symbolic(v.strides) || symbolic(v.lo) || symbolic(v.hi);
+    const Step& st = s_.steps[i];
+    const Node& n = g_.node(st.node);
+    std::vector<std::string> vars;
+    auto add = [&](const Expr& e) {
+      if (e.is_const()) return;
+      for (auto& v : e.vars()) vars.push_back(v);
+    };
+    for (auto& e : n.shape) add(e);
+    if (st.kind == Step::Iota)
+      for (auto& v : n.expr.vars())
+        if (v != "z") vars.push_back(v);  // z is the element index
+    for (auto& in : n.inputs)
+      for (auto& e : g_.node(in.node).shape) add(e);
+    for (auto& vs : st.views) {
+      const View& v = n.inputs[vs.edge].view;
+      add(v.offset);
+      for (size_t d = 0; d < v.rank(); ++d) {
+        add(v.shape[d]);
+        add(v.strides[d]);
+        if (v.has_mask()) {
+          add(v.mask[d].first);
+          add(v.mask[d].second);
+        }
+      }
     }
-    dynamic_.push_back(dyn);
+    std::sort(vars.begin(), vars.end());
+    vars.erase(std::unique(vars.begin(), vars.end()), vars.end());
+    step_vars_.push_back(std::move(vars));
+    // A Scatter may write its rows into its destination when that is an input only it reads, as stored, in the
+    // same dtype (the CPU executor's rule); the run does so when the caller donated that input.
+    const Edge* dest = n.op == Op::Scatter && st.kind == Step::Kernel ? &n.inputs[0] : nullptr;
+    in_place_ok_.push_back(dest && g_.node(dest->node).op == Op::Input && readers[dest->node] == 1 &&
+                           is_plain(g_, *dest) && s_.storage[dest->node] == s_.storage[st.node]);
   }
   for (auto& st : s_.steps) has_host_steps_ = has_host_steps_ || st.kind == Step::Host;
   err_ = device_alloc(sizeof(int));
   check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
+}
+
+std::vector<int64_t> Runtime::in_place_inputs() const {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < s_.steps.size(); ++i)
+    if (in_place_ok_[i]) out.push_back(g_.node(s_.steps[i].node).inputs[0].node);
+  return out;
 }
 
 Runtime::Num Runtime::num(const Expr& e) {
@@ -259,59 +299,74 @@ Runtime::Num Runtime::num(const Expr& e) {
 }
 
 void Runtime::build_plan(const Bindings& dims) {
-  const Plan* old = plan_.get();
-  auto plan = std::make_shared<Plan>();
-  plan->dims = dims;
-  size_t nn = g_.size();
-  plan->shapes.assign(nn, {});
-  plan->offset.assign(nn, -1);
-  plan->fresh.assign(nn, 0);
-  std::vector<int64_t> last_use(nn, -1);
+  const bool first = !plan_;
+  if (first) {
+    plan_ = std::make_shared<Plan>();
+    Plan& P = *plan_;
+    size_t nn = g_.size(), ns = s_.steps.size();
+    P.shapes.assign(nn, {});
+    P.offset.assign(nn, -1);
+    P.fresh.assign(nn, 0);
+    P.last_use.assign(nn, -1);
+    P.items.assign(ns, 0);
+    P.items2.assign(ns, 0);
+    P.variant.assign(ns, 0);
+    P.grid.assign(ns, {1, 1, 1});
+    size_t nparams = 0;
+    for (size_t i = 0; i < ns; ++i) {
+      const Step& st = s_.steps[i];
+      const Node& n = g_.node(st.node);
+      P.slot.push_back(nparams);
+      if (st.kind == Step::Kernel) nparams += size_t(st.nparams);
+      for (auto& e : n.inputs) P.last_use[e.node] = int64_t(i);
+      if (n.op == Op::Output) {
+        P.fresh[st.node] = 1;
+        if (st.kind == Step::Alias) P.fresh[n.inputs[0].node] = 1;
+      }
+    }
+    P.params.assign(nparams, 0);
+  }
+  Plan& P = *plan_;
+  // A step is evaluated again when a dim it depends on changed (or was never bound: evaluating then names it).
+  auto stale = [&](size_t i) {
+    if (first) return true;
+    for (auto& v : step_vars_[i]) {
+      auto a = P.dims.find(v);
+      auto b = dims.find(v);
+      if (a == P.dims.end() || b == dims.end() || a->second != b->second) return true;
+    }
+    return false;
+  };
+  size_t lo_slot = P.params.size(), hi_slot = 0;  // the range of the parameter block that changed
+  bool iota_changed = false;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
+    if (!stale(i)) continue;
     const Step& st = s_.steps[i];
     const Node& n = g_.node(st.node);
+    std::vector<int64_t>& shape = P.shapes[st.node];
+    shape.clear();
     for (size_t d = 0; d < n.shape.size(); ++d) {
       int64_t v = shape_nums_[st.node][d].eval(dims);
       if (v < 0)
         throw std::invalid_argument("dimension " + n.shape[d].str() + " evaluates to a negative size " + std::to_string(v));
-      plan->shapes[st.node].push_back(v);
+      shape.push_back(v);
     }
-    for (auto& e : n.inputs) last_use[e.node] = int64_t(i);
-    if (n.op == Op::Output) {
-      plan->fresh[st.node] = 1;
-      if (st.kind == Step::Alias) plan->fresh[n.inputs[0].node] = 1;
-    }
-  }
-  // Parameters: every view each kernel reads, evaluated under these dims, checked against its buffer.
-  for (size_t i = 0; i < s_.steps.size(); ++i) {
-    const Step& st = s_.steps[i];
-    const Node& n = g_.node(st.node);
-    plan->slot.push_back(plan->params.size());
-    plan->items.push_back(0);
-    plan->items2.push_back(0);
-    plan->variant.push_back(0);
-    plan->grid.push_back({1, 1, 1});
     if (st.kind == Step::Iota) {
-      int64_t len = plan->shapes[st.node][0];
+      int64_t len = shape[0];
       std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
       Bindings b = dims;
       for (int64_t z = 0; z < len; ++z) {
         b["z"] = z;
         store_from_double(host.data(), z, n.dtype, double(n.expr.eval(b)));
       }
-      if (!plan->fresh[st.node]) plan->iota_dev[st.node] = upload(host.data(), n.dtype, plan->shapes[st.node]);
-      plan->iota[st.node] = std::move(host);
+      P.iota[st.node] = std::move(host);
+      iota_changed = true;
     }
     if (st.kind != Step::Kernel) continue;
-    if (old && !dynamic_[i]) {  // nothing of this step depends on the dims: the last plan's numbers stand
-      size_t from = old->slot[i];
-      plan->params.insert(plan->params.end(), old->params.begin() + from, old->params.begin() + from + st.nparams);
-      plan->items.back() = old->items[i];
-      plan->items2.back() = old->items2[i];
-      plan->variant.back() = old->variant[i];
-      plan->grid.back() = old->grid[i];
-      continue;
-    }
+    // Parameters: every view the kernel reads, evaluated under these dims, checked against its buffer.
+    P.items[i] = P.items2[i] = 0;
+    P.variant[i] = 0;
+    P.grid[i] = {1, 1, 1};
     std::vector<int64_t> p(st.nparams, 0);
     p[0] = st.node;
     std::vector<ConcreteView> cv;
@@ -332,8 +387,7 @@ void Runtime::build_plan(const Bindings& dims) {
           v.hi.push_back(sv.hi[d].eval(dims));
         }
       }
-      int64_t size = 1;
-      for (auto d : plan->shapes[e.node]) size *= d;
+      int64_t size = numel_of(P.shapes[e.node]);
       if (g_.node(e.node).op == Op::Constant) size = 1;
       p[vs.base] = v.offset;
       p[vs.base + 1] = size;
@@ -355,7 +409,7 @@ void Runtime::build_plan(const Bindings& dims) {
       }
       cv.push_back(v);
     }
-    int64_t out_n = numel_of(plan->shapes[st.node]);
+    int64_t out_n = numel_of(shape);
     if (st.block_bytes && n.name.compare(0, 7, "QMatMul") == 0) {
       const ConcreteView& a = cv[0];
       size_t r = a.shape.size();
@@ -373,87 +427,138 @@ void Runtime::build_plan(const Bindings& dims) {
         throw std::invalid_argument(n.name + ": expects contiguous activation rows and uint8 weight rows of whole blocks");
       p[2] = K;
       p[3] = N;
-      plan->items.back() = out_n;
+      P.items[i] = out_n;
     } else if (st.block_bytes) {
       const ConcreteView& w = cv[0];
       int64_t bytes = w.shape.back();
       if (w.strides.back() != 1 || bytes % st.block_bytes)
         throw std::invalid_argument(n.name + ": expects uint8 rows of whole blocks");
       p[2] = bytes / st.block_bytes * 32;
-      plan->items.back() = p[2] ? out_n / 32 : 0;
+      P.items[i] = p[2] ? out_n / 32 : 0;
+    } else if (st.program && st.program->has_row_reductions()) {
+      // A block per row (codegen's row_kernel): p[2] the row length, items the rows.
+      int64_t L = cv[0].shape.empty() ? 1 : cv[0].shape.back();
+      p[2] = L;
+      P.items[i] = st.program->reduce != Op::Input ? out_n : (L ? out_n / L : 0);
+      P.variant[i] = 4;
+      P.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(P.items[i], int64_t(sms_) * 16))), 1, 1};
     } else if (st.program && st.program->reduce != Op::Input) {
       p[2] = cv[0].shape.back();
-      plan->items.back() = out_n;
+      P.items[i] = out_n;
       // Few long rows: a block per row keeps the machine busy (a warp per row would use a few SMs).
       if (!st.block_fn.empty() && out_n < int64_t(sms_) * 8 && p[2] >= 512) {
-        plan->variant.back() = 4;
-        plan->grid.back() = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
+        P.variant[i] = 4;
+        P.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       }
     } else {
-      plan->items.back() = out_n;
+      P.items[i] = out_n;
     }
     if (!st.gemv_fn.empty()) {
       bool vec16 = false;
-      plan->variant.back() = matmul_variant(st, cv, out_n, plan->grid.back(), vec16);
+      P.variant[i] = matmul_variant(st, cv, out_n, P.grid[i], vec16);
       p[3] = vec16;  // the mma kernel's 16-byte staging loads
     }
     if (!st.second_fn.empty()) {  // Scatter: rows of the index
-      int64_t row = out_n / std::max<int64_t>(1, plan->shapes[st.node].empty() ? 1 : plan->shapes[st.node][0]);
-      if (!plan->shapes[st.node].empty() && plan->shapes[st.node][0] == 0) row = 0;
+      int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
+      if (!shape.empty() && shape[0] == 0) row = 0;
       p[3] = row;
       p[2] = numel_of(cv[1].shape) * row;
-      plan->items2.back() = p[2];
+      P.items2[i] = p[2];
     }
-    p[1] = plan->items.back();
-    plan->params.insert(plan->params.end(), p.begin(), p.end());
+    p[1] = P.items[i];
+    std::copy(p.begin(), p.end(), P.params.begin() + P.slot[i]);
+    lo_slot = std::min(lo_slot, P.slot[i]);
+    hi_slot = std::max(hi_slot, P.slot[i] + p.size());
   }
-  // The arena: each intermediate gets an offset no buffer alive at the same time overlaps (first fit).
-  struct Live { size_t off, bytes; int64_t until; };
-  std::vector<Live> live;
+  P.dims = dims;
+  // The arena: each intermediate gets an offset no buffer alive at the same time overlaps (first fit). Planned for
+  // size classes (1/8 of a power of two), so a buffer that grows by a row per decode step keeps the plan (and the
+  // pointers a CUDA graph holds) for many steps.
+  std::vector<size_t> sizes;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
-    live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < int64_t(i); }), live.end());
     bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
-    if (!buffer || plan->fresh[st.node]) continue;
-    size_t bytes = (size_t(numel_of(plan->shapes[st.node])) * dtype_size(s_.storage[st.node]) + 255) / 256 * 256;
-    size_t off = 0;  // `live` is kept sorted by offset
-    auto pos = live.begin();
-    for (; pos != live.end(); ++pos) {
-      if (off + bytes <= pos->off) break;
-      off = std::max(off, pos->off + pos->bytes);
+    if (buffer && !P.fresh[st.node])
+      sizes.push_back(size_class(size_t(numel_of(P.shapes[st.node])) * dtype_size(s_.storage[st.node])));
+  }
+  if (first || sizes != P.arena_sizes) {
+    struct Live { size_t off, bytes; int64_t until; };
+    std::vector<Live> live;
+    P.arena_bytes = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < s_.steps.size(); ++i) {
+      const Step& st = s_.steps[i];
+      live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < int64_t(i); }), live.end());
+      bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
+      if (!buffer || P.fresh[st.node]) continue;
+      size_t bytes = sizes[k++];
+      size_t off = 0;  // `live` is kept sorted by offset
+      auto pos = live.begin();
+      for (; pos != live.end(); ++pos) {
+        if (off + bytes <= pos->off) break;
+        off = std::max(off, pos->off + pos->bytes);
+      }
+      P.offset[st.node] = int64_t(off);
+      P.arena_bytes = std::max(P.arena_bytes, off + bytes);
+      live.insert(pos, {off, bytes, std::max<int64_t>(P.last_use[st.node], int64_t(i))});
     }
-    plan->offset[st.node] = int64_t(off);
-    plan->arena_bytes = std::max(plan->arena_bytes, off + bytes);
-    live.insert(pos, {off, bytes, std::max<int64_t>(last_use[st.node], int64_t(i))});
+    P.arena_sizes = std::move(sizes);
   }
-  size_t pbytes = std::max<size_t>(plan->params.size(), 1) * sizeof(int64_t);
-  if (!params_ || params_->bytes < pbytes) params_ = device_alloc(pbytes);
-  if (!plan->params.empty())
-    check(driver().cuMemcpyHtoD(params_->ptr, plan->params.data(), plan->params.size() * sizeof(int64_t)), "cuMemcpyHtoD");
-  if (!arena_ || arena_->bytes < plan->arena_bytes) {
+  size_t pbytes = std::max<size_t>(P.params.size(), 1) * sizeof(int64_t);
+  if (!params_ || params_->bytes < pbytes) {
+    params_ = device_alloc(pbytes);
+    lo_slot = 0;
+    hi_slot = P.params.size();
+  }
+  if (lo_slot < hi_slot)
+    check(driver().cuMemcpyHtoD(params_->ptr + lo_slot * sizeof(int64_t), P.params.data() + lo_slot,
+                                (hi_slot - lo_slot) * sizeof(int64_t)),
+          "cuMemcpyHtoD", "parameters");
+  // Iota values not returned as outputs: one block, uploaded when they change (its address stays while it fits).
+  if (iota_changed) {
+    std::vector<uint8_t> block;
+    P.iota_off.clear();
+    for (auto& [id, host] : P.iota) {
+      if (P.fresh[id]) continue;
+      P.iota_off[id] = block.size();
+      block.insert(block.end(), host.begin(), host.end());
+      block.resize((block.size() + 255) / 256 * 256);
+    }
+    if (!block.empty()) {
+      if (!iota_ || iota_->bytes < block.size()) iota_ = device_alloc(size_class(block.size()));
+      check(driver().cuMemcpyHtoD(iota_->ptr, block.data(), block.size()), "cuMemcpyHtoD", "Iota");
+    }
+  }
+  if (!arena_ || arena_->bytes < P.arena_bytes) {
     arena_.reset();
-    arena_ = device_alloc(std::max<size_t>(plan->arena_bytes, 256));
+    arena_ = device_alloc(std::max<size_t>(P.arena_bytes, 256));
   }
-  plan_ = plan;
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
                      const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
   if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
-  Launch l;
+  ++launched_;
+  // Recorded into a reused entry (no allocation per launch once warm).
+  if (npending_ == pending_.size()) pending_.emplace_back();
+  Launch& l = pending_[npending_];
   l.f = fns_.at(fn);
   l.node = node;
   l.threads = threads;
+  // Kernels loop over their work (grid-stride), so any grid is correct: blocks are rounded up to a power of two,
+  // so that a decode step whose work grows by a row keeps its grid (and a CUDA graph its node) for many steps.
   int64_t threads_needed = std::max<int64_t>(1, per_row ? items * 32 : items);
-  l.grid[0] = unsigned(std::min<int64_t>((threads_needed + 255) / 256, int64_t(sms_) * 32));
+  int64_t blocks = (threads_needed + 255) / 256, pow2 = 1;
+  while (pow2 < blocks) pow2 <<= 1;
+  l.grid[0] = unsigned(std::min<int64_t>(pow2, int64_t(sms_) * 32));
   l.grid[1] = l.grid[2] = 1;
   if (grid3)
     for (int k = 0; k < 3; ++k) l.grid[k] = std::max(1u, grid3[k]);
-  l.args.reserve(ptrs.size() + 2);
+  l.args.clear();
   l.args.push_back(params_->ptr + slot * sizeof(int64_t));
   l.args.push_back(err_->ptr);
   l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
-  if (graphs_on_) pending_.push_back(std::move(l));
+  if (graphs_on_) ++npending_;
   else execute(l);
 }
 
@@ -490,16 +595,19 @@ KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned thread
 }
 }  // namespace
 
-void Runtime::replay(std::vector<Launch>& launches) {
+// Replays the first `n` recorded launches as one CUDA graph: the same sequence of kernels as the graph holds
+// updates only the nodes whose grid or pointers changed (a decode step: usually none, since the numbers that change
+// live in the parameter block); another sequence (prefill after decode) builds the graph again.
+void Runtime::replay(size_t n) {
   const Driver& d = driver();
-  bool same = exec_ && launches.size() == graph_launches_.size();
-  for (size_t i = 0; same && i < launches.size(); ++i)
-    same = launches[i].f == graph_launches_[i].f && launches[i].threads == graph_launches_[i].threads &&
-           launches[i].args.size() == graph_launches_[i].args.size();
+  bool same = exec_ && n == graph_launches_.size();
+  for (size_t i = 0; same && i < n; ++i)
+    same = pending_[i].f == graph_launches_[i].f && pending_[i].threads == graph_launches_[i].threads &&
+           pending_[i].args.size() == graph_launches_[i].args.size();
   std::vector<void*> argp;
   if (same) {
-    for (size_t i = 0; i < launches.size(); ++i) {
-      Launch &now = launches[i], &was = graph_launches_[i];
+    for (size_t i = 0; i < n; ++i) {
+      Launch &now = pending_[i], &was = graph_launches_[i];
       if (now.args == was.args && std::equal(now.grid, now.grid + 3, was.grid)) continue;
       KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
       check(d.cuGraphExecKernelNodeSetParams(exec_, graph_nodes_[i], &p), "cuGraphExecKernelNodeSetParams");
@@ -510,16 +618,17 @@ void Runtime::replay(std::vector<Launch>& launches) {
     exec_ = nullptr;
     graph_ = nullptr;
     check(d.cuGraphCreate(&graph_, 0), "cuGraphCreate");
-    graph_nodes_.assign(launches.size(), nullptr);
-    for (size_t i = 0; i < launches.size(); ++i) {
-      KernelNodeParams p = node_params(launches[i].f, launches[i].grid, launches[i].threads, argp, launches[i].args);
+    graph_nodes_.assign(n, nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      KernelNodeParams p = node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, argp, pending_[i].args);
       check(d.cuGraphAddKernelNode(&graph_nodes_[i], graph_, i ? &graph_nodes_[i - 1] : nullptr, i ? 1 : 0, &p),
             "cuGraphAddKernelNode");
     }
     check(d.cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags");
   }
-  graph_launches_ = std::move(launches);
-  launches.clear();
+  // The recorded launches become the graph's (the vectors swap, keeping their memory for the next recording).
+  std::swap(pending_, graph_launches_);
+  graph_launches_.resize(n);
   check(d.cuGraphLaunch(exec_, nullptr), "cuGraphLaunch");
 }
 
@@ -529,24 +638,40 @@ Runtime::~Runtime() {
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
-                                                      const Bindings& dims) {
+                                                      const Bindings& dims, const std::vector<int64_t>& donated) {
   set_context();
+  for (auto& [id, a] : inputs) inputs_[id] = a;
   // LUMINAL_PROFILE=1: synchronise after every step and print the time per op kind (and planning) to stderr.
   const bool profile = std::getenv("LUMINAL_PROFILE") != nullptr;  // read per run: cheap, and may change
   using clock = std::chrono::steady_clock;
   std::map<std::string, std::pair<double, int>> prof;
   auto t_run = clock::now();
-  if (!plan_ || plan_->dims != dims) build_plan(dims);
+  if (!plan_ || plan_->dims != dims) {
+    try {
+      build_plan(dims);
+    } catch (...) {
+      plan_.reset();  // half updated: the next run plans from scratch
+      throw;
+    }
+  }
   if (profile) prof["(plan)"] = {std::chrono::duration<double>(clock::now() - t_run).count(), 1};
-  // CUDA graphs with LUMINAL_CUDA_GRAPHS=1 (off by default: measured no faster, see docs/architecture.md), unless
-  // profiling (which times each kernel) or a step runs on the host.
+  // CUDA graphs (LUMINAL_CUDA_GRAPHS=0 turns them off), unless profiling (which times each kernel) or a step runs on
+  // the host.
   const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
-  graphs_on_ = !profile && !has_host_steps_ && env && std::string(env) == "1";
-  pending_.clear();
+  graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
+  npending_ = launched_ = 0;
   const Plan& plan = *plan_;
-  std::vector<CUdeviceptr> ptr(g_.size(), 0);
-  std::unordered_map<int64_t, DeviceArray> owned;  // fresh allocations, inputs and constants
+  std::vector<CUdeviceptr>& ptr = ptr_;
+  ptr.assign(g_.size(), 0);
+  std::unordered_map<int64_t, DeviceArray> owned;  // this run's own allocations (outputs), and arrays updated in place
   std::unordered_map<int64_t, DeviceArray> results;
+  auto array_of = [&](int64_t src) -> const DeviceArray& {
+    auto o = owned.find(src);
+    if (o != owned.end()) return o->second;
+    auto in = inputs_.find(src);
+    if (in != inputs_.end()) return in->second;
+    return constants_.at(src);
+  };
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     const Node& n = g_.node(st.node);
@@ -563,23 +688,21 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     };
     switch (st.kind) {
       case Step::Input: {
-        auto it = inputs.find(id);
-        if (it == inputs.end())
+        auto it = inputs_.find(id);
+        if (it == inputs_.end())
           throw std::invalid_argument("input '" + n.name + "' (node " + std::to_string(id) + ") has no data: call set() on it");
         if (it->second.shape != plan.shapes[id] || it->second.dtype != s_.storage[id])
           throw std::invalid_argument("input '" + n.name + "' holds data of the wrong shape or dtype");
-        owned[id] = it->second;
         ptr[id] = it->second.buf->ptr;
         break;
       }
       case Step::Constant:
-        owned[id] = constants_.at(id);
-        ptr[id] = owned[id].buf->ptr;
+        ptr[id] = constants_.at(id).buf->ptr;
         break;
       case Step::Iota: {
-        auto dev = plan.iota_dev.find(id);
-        if (dev != plan.iota_dev.end()) {
-          ptr[id] = dev->second.buf->ptr;
+        auto off = plan.iota_off.find(id);
+        if (off != plan.iota_off.end()) {
+          ptr[id] = iota_->ptr + off->second;
           break;
         }
         ptr[id] = out_ptr();
@@ -589,13 +712,20 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       }
       case Step::Alias: {
         int64_t src = n.inputs[0].node;
-        DeviceArray a = owned.at(src);
+        DeviceArray a = array_of(src);
         a.shape = plan.shapes[id];
         results[id] = convert(a, n.dtype);  // an input kept in the compute dtype is read back in its own
         break;
       }
       case Step::Kernel: {
-        ptr[id] = out_ptr();
+        int64_t dest = n.inputs.empty() ? -1 : n.inputs[0].node;
+        bool in_place = in_place_ok_[i] && std::find(donated.begin(), donated.end(), dest) != donated.end();
+        if (in_place) {  // the rows are written into the donated destination, which becomes the result
+          owned[id] = inputs_.at(dest);
+          ptr[id] = ptr[dest];
+        } else {
+          ptr[id] = out_ptr();
+        }
         std::vector<CUdeviceptr>& ptrs = scratch_ptrs_;
         ptrs.assign(1, ptr[id]);
         for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
@@ -603,7 +733,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
         else if (plan.variant[i] == 3) launch(st.mma_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), 128);
         else if (plan.variant[i] == 2) launch(st.gemm_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
-        else launch(plan.variant[i] == 1 ? st.gemv_fn : st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
+        else if (!in_place) launch(plan.variant[i] == 1 ? st.gemv_fn : st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
         if (!st.second_fn.empty()) launch(st.second_fn, id, plan.slot[i], plan.items2[i], false, ptrs);
         break;
       }
@@ -651,7 +781,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     std::fprintf(stderr, "%-16s %5zu steps %9.3f ms\n", "(run)", s_.steps.size(),
                  std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
   }
-  if (graphs_on_ && !pending_.empty()) replay(pending_);
+  if (graphs_on_ && npending_) replay(npending_);
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");

@@ -40,10 +40,16 @@ DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding
 class Runtime {
  public:
   Runtime(const Graph& g, Schedule s);
-  // `inputs`: a device array for every Input node the outputs need (in its storage dtype); returns one per Output.
+  // `inputs`: device arrays (in their storage dtype) for Input nodes, merged into the ones given before (the runtime
+  // keeps them, so a caller sends only what changed). `donated`: inputs the run may overwrite: a Scatter that is
+  // the only reader of a donated input writes its rows into it instead of copying it (the KV-cache update); its
+  // result is then that same array. Returns one array per Output.
   std::unordered_map<int64_t, DeviceArray> run(const std::unordered_map<int64_t, DeviceArray>& inputs,
-                                               const Bindings& dims);
+                                               const Bindings& dims, const std::vector<int64_t>& donated = {});
   const Schedule& schedule() const { return s_; }
+  size_t last_launches() const { return launched_; }  // kernels the last run launched (or replayed)
+  // Inputs that a Scatter may update in place when donated (their device arrays are then overwritten).
+  std::vector<int64_t> in_place_inputs() const;
 
  private:
   struct Plan;
@@ -62,7 +68,8 @@ class Runtime {
   static Num num(const Expr& e);
   std::vector<std::vector<Num>> shape_nums_;            // per node
   std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
-  std::vector<char> dynamic_;                           // per step: its numbers depend on the dims
+  std::vector<std::vector<std::string>> step_vars_;     // per step: the dims its numbers depend on
+  std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
   void build_plan(const Bindings& dims);
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
@@ -83,11 +90,12 @@ class Runtime {
     int64_t node;
   };
   std::vector<Launch> pending_;
+  size_t npending_ = 0, launched_ = 0;
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUgraphNode> graph_nodes_;
   std::vector<Launch> graph_launches_;
-  void replay(std::vector<Launch>& launches);
+  void replay(size_t n);
   void execute(const Launch& l);
 
  public:
@@ -97,7 +105,9 @@ class Runtime {
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
   int sms_ = 1;
   bool graphs_on_ = false, has_host_steps_ = false;
-  std::vector<CUdeviceptr> scratch_ptrs_;
+  std::vector<CUdeviceptr> scratch_ptrs_, ptr_;
+  std::unordered_map<int64_t, DeviceArray> inputs_;     // the inputs given so far
+  std::shared_ptr<DeviceBuffer> iota_;                  // the Iota values of the current plan (one upload per plan)
 };
 
 }  // namespace cuda

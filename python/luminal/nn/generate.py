@@ -33,6 +33,13 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: 
     return int(order[rng.choice(len(order), p=p)])
 
 
+def _same_buffer(a, b) -> bool:
+    """Whether two results share memory (a host array, or a GPU DeviceArray updated in place)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    return hasattr(a, "ptr") and hasattr(b, "ptr") and a.ptr == b.ptr
+
+
 class Session:
     """A compiled step graph with its KV cache. `compilers` default to GenericCompiler + CPUCompiler.
 
@@ -110,11 +117,10 @@ class Session:
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
         self.graph.execute()
-        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor), all did. A GPU
-        # backend returns device arrays: they are fed back as they are, so the cache never leaves the device.
-        first = self.cache_out[0][0].result()
-        if not isinstance(first, np.ndarray) or not isinstance(self._caches[0], np.ndarray) or \
-                first.__array_interface__["data"][0] != self._caches[0].__array_interface__["data"][0]:
+        # Every layer's update is the same Scatter: if the first ran in place (the CPU executor, the CUDA runtime once
+        # the caches are on the GPU), all did, and nothing needs setting again. Otherwise the results (GPU device
+        # arrays the first time) are fed back as they are, so the cache never leaves the device.
+        if not _same_buffer(self.cache_out[0][0].result(), self._caches[0]):
             for i, (t_in, t_out) in enumerate(zip(self._cache_inputs, self._cache_outputs)):
                 self._caches[i] = t_out.result()
                 t_in.set(self._caches[i], donate=True)
