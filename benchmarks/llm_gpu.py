@@ -15,7 +15,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--graphs-off]
+        [--no-compile] [--graphs-off] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -277,6 +277,8 @@ def run_model(key, args, bw):
         print(f"-- profile of one {key} decode step (LUMINAL_PROFILE=1)", flush=True)
         s.step([0])
         del os.environ["LUMINAL_PROFILE"]
+    if args.trace:
+        trace_decode(s, key, prompt)
     tp = prefill_ms(torch_prefill, 3)
     print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; luminal compile {compile_s:.1f} s"
           + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
@@ -296,6 +298,38 @@ def run_model(key, args, bw):
     torch.cuda.empty_cache()
 
 
+def trace_decode(s: Session, key: str, prompt, steps: int = 8):
+    """Decode steps under torch.profiler (CUPTI sees the kernels of our CUDA graph): GPU time per kernel kind, the
+    GPU busy time per step, and the wall time per step; the difference is host work and launch gaps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s.reset()
+    tok = int(np.argmax(s.step(prompt)[-1]))
+    for _ in range(3):
+        tok = int(np.argmax(s.step([tok])[-1]))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            tok = int(np.argmax(s.step([tok])[-1]))
+        wall = (time.perf_counter() - t) / steps
+    ops = s.graph._runtime.schedule.kernel_ops(s.graph._g)
+    kinds: dict[str, list] = {}
+    busy = 0.0
+    for e in prof.events():
+        if e.device_type.name != "CUDA":
+            continue
+        us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        busy += us
+        k = kinds.setdefault(ops.get(e.name, e.name), [0, 0.0])
+        k[0] += 1
+        k[1] += us
+    print(f"-- trace of {steps} {key} decode steps: wall {wall * 1e3:.3f} ms/step, GPU busy {busy / steps / 1e3:.3f} "
+          f"ms/step ({len(prof.events()) and sum(v[0] for v in kinds.values()) // steps} kernels/step)")
+    for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1])[:25]:
+        print(f"   {name:40} {n // steps:5d}/step {us / steps:9.1f} us/step {us / max(n, 1):8.2f} us each")
+
+
 def kernels_per_step(s: Session) -> int:
     """Kernels the last run (a decode step) launched."""
     return s.graph._runtime.rt.last_launches()
@@ -310,6 +344,7 @@ def main():
     p.add_argument("--profile", action="store_true", help="print the time per op kind of one decode step")
     p.add_argument("--reps", type=int, default=3, help="timed decode runs per engine (medians are printed)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--trace", action="store_true", help="trace decode steps with torch.profiler: GPU time per kernel")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     args = p.parse_args()
     args.kernels = kernels_per_step

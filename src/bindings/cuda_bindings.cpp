@@ -1,5 +1,6 @@
 // Bindings of the CUDA backend: availability, code generation (no GPU needed), NVRTC compilation, device arrays
 // and the runtime. CUDA failures raise luminal.CudaError.
+#include <map>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -70,6 +71,24 @@ void bind_cuda(py::module_& m) {
         py::list out;
         for (auto& st : s.steps)
           if (st.kind == Step::Kernel) out.append(py::make_tuple(st.node, st.fn, st.second_fn));
+        return out;
+      })
+      .def("kernel_ops", [](const Schedule& s, const Graph& g) {
+        // Every kernel name -> the op kind(s) of the steps that may launch it (for profiles).
+        std::map<std::string, std::string> out;
+        for (auto& st : s.steps) {
+          if (st.kind != Step::Kernel) continue;
+          const Node& n = g.node(st.node);
+          std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
+          const std::pair<const std::string*, const char*> names[] = {{&st.fn, ""}, {&st.second_fn, "/rows"},
+              {&st.gemv_fn, "/gemv"}, {&st.gemm_fn, "/tiled"}, {&st.mma_fn, "/mma"}, {&st.block_fn, "/block"}};
+          for (auto& [name, tag] : names) {
+            if (name->empty()) continue;
+            std::string& o = out[*name];
+            std::string what = op + tag;
+            if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
+          }
+        }
         return out;
       })
       .def("host_steps", [](const Schedule& s) {
