@@ -308,11 +308,32 @@ def trace_decode(s: Session, key: str, prompt, steps: int = 8):
     for _ in range(3):
         tok = int(np.argmax(s.step([tok])[-1]))
     torch.cuda.synchronize()
+    rt = s.graph._runtime.rt
+    host = np.zeros(6)  # plan, record, replay, wait (C++); the rest of execute(); the rest of the step (Python)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         t = time.perf_counter()
         for _ in range(steps):
-            tok = int(np.argmax(s.step([tok])[-1]))
+            t0 = time.perf_counter()
+            ex = s.graph.execute
+            t_ex = [0.0]
+
+            def timed(*a, **k):
+                t1 = time.perf_counter()
+                r = ex(*a, **k)
+                t_ex[0] = time.perf_counter() - t1
+                return r
+
+            s.graph.execute = timed
+            logits = s.step([tok])
+            del s.graph.execute
+            tok = int(np.argmax(logits[-1]))
+            parts = np.array(rt.last_times())
+            host += np.concatenate([parts, [t_ex[0] - parts.sum(), time.perf_counter() - t0 - t_ex[0]]])
         wall = (time.perf_counter() - t) / steps
+    host *= 1e3 / steps
+    print(f"-- host per {key} decode step (ms): plan {host[0]:.3f}, record launches {host[1]:.3f}, replay "
+          f"{host[2]:.3f}, wait for the GPU {host[3]:.3f}; rest of execute() {host[4]:.3f}; rest of the step "
+          f"(Python, logits read, argmax) {host[5]:.3f}")
     ops = s.graph._runtime.schedule.kernel_ops(s.graph._g)
     kinds: dict[str, list] = {}
     busy = 0.0

@@ -136,6 +136,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init([](const Graph& g, const Schedule& s) { return new Runtime(g, s); }))
       .def("in_place_inputs", &Runtime::in_place_inputs)
       .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
+      .def("last_times", &Runtime::last_times, "Host seconds of the last run: (plan, record, replay, wait for the device).")
       .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated) {
         std::unordered_map<int64_t, DeviceArray> in;
         for (auto [k, v] : inputs) in[k.cast<int64_t>()] = v.cast<DeviceArray>();

@@ -654,7 +654,10 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       throw;
     }
   }
-  if (profile) prof["(plan)"] = {std::chrono::duration<double>(clock::now() - t_run).count(), 1};
+  auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  auto t_planned = clock::now();
+  times_ = {secs(t_run, t_planned), 0, 0, 0};
+  if (profile) prof["(plan)"] = {times_[0], 1};
   // CUDA graphs (LUMINAL_CUDA_GRAPHS=0 turns them off), unless profiling (which times each kernel) or a step runs on
   // the host.
   const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
@@ -781,10 +784,15 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     std::fprintf(stderr, "%-16s %5zu steps %9.3f ms\n", "(run)", s_.steps.size(),
                  std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
   }
+  auto t_recorded = clock::now();
   if (graphs_on_ && npending_) replay(npending_);
+  auto t_replayed = clock::now();
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");
+  times_[1] = secs(t_planned, t_recorded);
+  times_[2] = secs(t_recorded, t_replayed);
+  times_[3] = secs(t_replayed, clock::now());
   if (code) {
     check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
     int64_t node = code / 4;

@@ -2,6 +2,7 @@
 // a Schedule: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
 // arena for intermediates with offsets from liveness), and a launch per kernel step.
 #pragma once
+#include <array>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -48,6 +49,9 @@ class Runtime {
                                                const Bindings& dims, const std::vector<int64_t>& donated = {});
   const Schedule& schedule() const { return s_; }
   size_t last_launches() const { return launched_; }  // kernels the last run launched (or replayed)
+  // Host seconds the last run spent: planning, recording the launches, replaying the graph (updates and
+  // cuGraphLaunch), and waiting for the device (the error word's read); for profiles.
+  std::array<double, 4> last_times() const { return times_; }
   // Inputs that a Scatter may update in place when donated (their device arrays are then overwritten).
   std::vector<int64_t> in_place_inputs() const;
 
@@ -91,6 +95,7 @@ class Runtime {
   };
   std::vector<Launch> pending_;
   size_t npending_ = 0, launched_ = 0;
+  std::array<double, 4> times_{};
   CUgraph graph_ = nullptr;
   CUgraphExec exec_ = nullptr;
   std::vector<CUgraphNode> graph_nodes_;
