@@ -457,6 +457,13 @@ void Runtime::build_plan(const Bindings& dims) {
       bool vec16 = false;
       P.variant[i] = matmul_variant(st, cv, out_n, P.grid[i], vec16);
       p[3] = vec16;  // the mma kernel's 16-byte staging loads
+      if (P.variant[i] == 1) {
+        // Matrix-vector: rows in pairs when the output's last dim is even and both rows of a pair read the same
+        // activations (stride 0 along it), so the kernel loads those once for two rows.
+        size_t r = cv[0].shape.size();
+        p[3] = r >= 2 && cv[0].shape[r - 2] % 2 == 0 && cv[0].strides[r - 2] == 0;
+        P.items[i] = out_n;
+      }
     }
     if (!st.second_fn.empty()) {  // Scatter: rows of the index
       int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
@@ -558,8 +565,8 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   l.args.push_back(params_->ptr + slot * sizeof(int64_t));
   l.args.push_back(err_->ptr);
   l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
-  if (graphs_on_) ++npending_;
-  else execute(l);
+  if (!graphs_on_) execute(l);
+  else if (++npending_ == chunk_size(nchunk_)) replay(npending_);
 }
 
 void Runtime::execute(const Launch& l) {
@@ -595,46 +602,52 @@ KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned thread
 }
 }  // namespace
 
-// Replays the first `n` recorded launches as one CUDA graph: the same sequence of kernels as the graph holds
-// updates only the nodes whose grid or pointers changed (a decode step: usually none, since the numbers that change
-// live in the parameter block); another sequence (prefill after decode) builds the graph again.
+// Replays the current chunk's `n` recorded launches as its CUDA graph: the same sequence of kernels as the graph
+// holds updates only the nodes whose grid or pointers changed (a decode step: usually none, since the numbers that
+// change live in the parameter block); another sequence (prefill after decode) builds the chunk's graph again.
 void Runtime::replay(size_t n) {
   const Driver& d = driver();
-  bool same = exec_ && n == graph_launches_.size();
+  if (chunks_.size() <= nchunk_) chunks_.resize(nchunk_ + 1);
+  Chunk& c = chunks_[nchunk_++];
+  npending_ = 0;
+  bool same = c.exec && n == c.launches.size();
   for (size_t i = 0; same && i < n; ++i)
-    same = pending_[i].f == graph_launches_[i].f && pending_[i].threads == graph_launches_[i].threads &&
-           pending_[i].args.size() == graph_launches_[i].args.size();
+    same = pending_[i].f == c.launches[i].f && pending_[i].threads == c.launches[i].threads &&
+           pending_[i].args.size() == c.launches[i].args.size();
   std::vector<void*> argp;
   if (same) {
     for (size_t i = 0; i < n; ++i) {
-      Launch &now = pending_[i], &was = graph_launches_[i];
+      Launch &now = pending_[i], &was = c.launches[i];
       if (now.args == was.args && std::equal(now.grid, now.grid + 3, was.grid)) continue;
       KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
-      check(d.cuGraphExecKernelNodeSetParams(exec_, graph_nodes_[i], &p), "cuGraphExecKernelNodeSetParams");
+      check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
   } else {
-    if (exec_) d.cuGraphExecDestroy(exec_);
-    if (graph_) d.cuGraphDestroy(graph_);
-    exec_ = nullptr;
-    graph_ = nullptr;
-    check(d.cuGraphCreate(&graph_, 0), "cuGraphCreate");
-    graph_nodes_.assign(n, nullptr);
+    if (c.exec) d.cuGraphExecDestroy(c.exec);
+    if (c.graph) d.cuGraphDestroy(c.graph);
+    c.exec = nullptr;
+    c.graph = nullptr;
+    check(d.cuGraphCreate(&c.graph, 0), "cuGraphCreate");
+    c.nodes.assign(n, nullptr);
     for (size_t i = 0; i < n; ++i) {
       KernelNodeParams p = node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, argp, pending_[i].args);
-      check(d.cuGraphAddKernelNode(&graph_nodes_[i], graph_, i ? &graph_nodes_[i - 1] : nullptr, i ? 1 : 0, &p),
+      check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, i ? &c.nodes[i - 1] : nullptr, i ? 1 : 0, &p),
             "cuGraphAddKernelNode");
     }
-    check(d.cuGraphInstantiateWithFlags(&exec_, graph_, 0), "cuGraphInstantiateWithFlags");
+    check(d.cuGraphInstantiateWithFlags(&c.exec, c.graph, 0), "cuGraphInstantiateWithFlags");
   }
-  // The recorded launches become the graph's (the vectors swap, keeping their memory for the next recording).
-  std::swap(pending_, graph_launches_);
-  graph_launches_.resize(n);
-  check(d.cuGraphLaunch(exec_, nullptr), "cuGraphLaunch");
+  // The recorded launches become the chunk's (the vectors swap, keeping their memory for the next recording).
+  std::swap(pending_, c.launches);
+  c.launches.resize(n);
+  if (pending_.size() < n) pending_.resize(n);
+  check(d.cuGraphLaunch(c.exec, nullptr), "cuGraphLaunch");
 }
 
 Runtime::~Runtime() {
-  if (exec_) driver().cuGraphExecDestroy(exec_);
-  if (graph_) driver().cuGraphDestroy(graph_);
+  for (Chunk& c : chunks_) {
+    if (c.exec) driver().cuGraphExecDestroy(c.exec);
+    if (c.graph) driver().cuGraphDestroy(c.graph);
+  }
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
@@ -662,7 +675,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   // the host.
   const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
   graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
-  npending_ = launched_ = 0;
+  npending_ = launched_ = nchunk_ = 0;
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr>& ptr = ptr_;
   ptr.assign(g_.size(), 0);
@@ -785,7 +798,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
                  std::chrono::duration<double>(clock::now() - t_run).count() * 1e3);
   }
   auto t_recorded = clock::now();
-  if (graphs_on_ && npending_) replay(npending_);
+  if (graphs_on_ && npending_) replay(npending_);  // the last chunk
   auto t_replayed = clock::now();
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;

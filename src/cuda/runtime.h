@@ -93,14 +93,21 @@ class Runtime {
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
     int64_t node;
   };
+  // A run's launches are replayed in chunks of growing size (16, 32, 64, then 128 each), each its own graph,
+  // launched as soon as it is recorded: the GPU starts on the first chunk while the host records and launches the
+  // rest (cuGraphLaunch costs host time per node; one graph of ~700 nodes cost ~0.6 ms before the GPU started).
+  struct Chunk {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    std::vector<CUgraphNode> nodes;
+    std::vector<Launch> launches;
+  };
+  static size_t chunk_size(size_t k) { return k < 3 ? size_t(16) << k : 128; }
   std::vector<Launch> pending_;
-  size_t npending_ = 0, launched_ = 0;
+  size_t npending_ = 0, launched_ = 0, nchunk_ = 0;  // launches recorded into the current chunk; chunks this run
   std::array<double, 4> times_{};
-  CUgraph graph_ = nullptr;
-  CUgraphExec exec_ = nullptr;
-  std::vector<CUgraphNode> graph_nodes_;
-  std::vector<Launch> graph_launches_;
-  void replay(size_t n);
+  std::vector<Chunk> chunks_;
+  void replay(size_t n);  // the current chunk's n launches
   void execute(const Launch& l);
 
  public:
