@@ -244,9 +244,27 @@ __attribute__((target("avx2,f16c"))) inline void block_halves(const uint8_t* w, 
 template <int BB>
 __attribute__((target("avx2,fma,f16c"))) inline void group_q8(const uint8_t* w, const __m256i* p, __m256i live,
                                                                 const float* d, const float* s, __m256& acc,
-                                                                __m256& mins) {
+                                                                __m256& mins, bool full = false) {
   __m256 dw, mw;
-  block_halves<BB>(w, live, dw, mw);
+  if (BB == 34 && full) {  // Q8_0's eight scales by 16-bit inserts: cheaper than a gather on Zen 3
+    auto at = [&](int j) {
+      uint16_t h;
+      std::memcpy(&h, w + j * BB, 2);
+      return int(h);
+    };
+    __m128i h = _mm_cvtsi32_si128(at(0));
+    h = _mm_insert_epi16(h, at(1), 1);
+    h = _mm_insert_epi16(h, at(2), 2);
+    h = _mm_insert_epi16(h, at(3), 3);
+    h = _mm_insert_epi16(h, at(4), 4);
+    h = _mm_insert_epi16(h, at(5), 5);
+    h = _mm_insert_epi16(h, at(6), 6);
+    h = _mm_insert_epi16(h, at(7), 7);
+    dw = _mm256_cvtph_ps(h);
+    mw = dw;
+  } else {
+    block_halves<BB>(w, live, dw, mw);
+  }
   acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_maskload_ps(d, live)), _mm256_cvtepi32_ps(block_totals(p)), acc);
   if (BB == 20) mins = _mm256_fmadd_ps(mw, _mm256_maskload_ps(s, live), mins);
   if (BB == 18) mins = _mm256_fmadd_ps(dw, _mm256_maskload_ps(s, live), mins);
@@ -260,7 +278,7 @@ __attribute__((target("avx2,fma,f16c"))) inline float dot_q8_avx2(const uint8_t*
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
     for (int j = 0; j < 8; ++j) p[j] = block_dot_q8<BB>(w + j * BB, q + 32 * j);
-    group_q8<BB>(w, p, _mm256_set1_epi32(-1), d + b, s + b, acc, mins);
+    group_q8<BB>(w, p, _mm256_set1_epi32(-1), d + b, s + b, acc, mins, true);
   }
   if (int left = int(nb - b)) {
     for (int j = 0; j < 8; ++j) p[j] = j < left ? block_dot_q8<BB>(w + j * BB, q + 32 * j) : _mm256_setzero_si256();
