@@ -78,8 +78,7 @@ void attention_kernel(const std::vector<KernelArg>& args, const Node& node, Buff
       const float* vb = pv + outer_offset(vv, r, 2);  // element (n, t) at vb[n * svn + t * svt]
       float* o = po + r * N;
       if (svn == 1) {
-        std::fill(o, o + N, 0.0f);
-        for (int64_t t = 0; t < T; ++t) simd::axpy_f32(p[t], vb + t * svt, o, N);
+        simd::weighted_rows_f32(p.data(), vb, svt, T, N, o);
       } else {
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0;
