@@ -256,7 +256,7 @@ class LlamaCppEngine:
 
 # ---- matmul -----------------------------------------------------------------------------------------------------------
 def bench(fn, reps=5):
-    fn()  # warm-up
+    fn(), fn()  # warm-up: two, so that the allocator has settled (a result's memory is handed back a run later)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -275,6 +275,7 @@ def matmul_bench(threads, n=1024):
 
     def row(name, fn, result):
         try:
+            time.sleep(0.5)  # BLAS threads busy-wait a while after their last call: let them go idle first
             s = bench(fn)
             err = float(np.max(np.abs(result() - ref)) / np.max(np.abs(ref)))
             rows.append((name, flops / s / 1e9, s * 1e3, err, ""))
@@ -580,7 +581,7 @@ def main(args):
 
     # ---- matmul
     if not args.skip_matmul:
-        print(f"\n== float32 1024x1024 @ 1024x1024 matmul, {args.threads} threads, median of 5 after a warm-up ==")
+        print(f"\n== float32 1024x1024 @ 1024x1024 matmul, {args.threads} threads, median of 5 after two warm-ups ==")
         try:
             mrows, stats = matmul_bench(args.threads)
             lrow = next((r for r in mrows if r[0] == "luminal" and r[1]), None)

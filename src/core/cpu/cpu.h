@@ -21,6 +21,11 @@ inline int64_t outer_offset(const ConcreteView& v, int64_t i, int inner) {
 }
 int num_threads();
 
+// C[m, n] = sum_k A[m, k] B[n, k] with A[m, k] at A[m * sam + k * sak], B[n, k] at B[n * sbn + k * sbk], C row-major
+// (row stride ldc); packed, cache-blocked, multithreaded. False (nothing written) where the CPU lacks the SIMD.
+bool gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbn,
+              int64_t sbk, float* C, int64_t ldc);
+
 // SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any
 // broadcast views. Returns the number of rewrites.
 size_t lower_matmuls(Graph& g);
