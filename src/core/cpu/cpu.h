@@ -43,14 +43,5 @@ struct Program;
 void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
                       const float* given_row, float* out);
 
-// MatMul(rows of a row program over the rows of another MatMul, V) -> one "Attention" kernel per row: the scores,
-// the program (scale, mask, softmax) and the weighted sum of V's rows, without writing the scores out. Run after
-// ElementwiseFusion.
-size_t fuse_attention(Graph& g);
-
-// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each. With
-// `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
-// (Instr::Reduce): RMSNorm and softmax become one kernel each.
-size_t fuse_elementwise(Graph& g, bool row_reductions = false);
 
 }  // namespace luminal
