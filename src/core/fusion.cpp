@@ -65,10 +65,11 @@ class ProgramBuilder {
   // Removes the inlined producers nothing reads any more (the root was replaced), so that the users of the nodes
   // before them are exact for the roots that follow.
   void remove_absorbed() {
+    std::vector<int64_t> kept = g_.kept();
     for (bool removed = true; removed;) {
       removed = false;
       for (int64_t id : group_)
-        if (g_.node(id).alive && g_.users(id).empty()) {
+        if (g_.node(id).alive && g_.users(id).empty() && std::find(kept.begin(), kept.end(), id) == kept.end()) {
           g_.remove(id);
           removed = true;
         }
