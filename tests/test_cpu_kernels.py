@@ -104,6 +104,28 @@ def test_float_matmul_layouts(layout, m, k, n, threads, seed):
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=2e-5 * np.sqrt(k), err_msg=f"seed {seed}")
 
 
+@pytest.mark.parametrize("t", [5, 70])
+def test_attention_kernel_against_float64(t, threads, seed):
+    """The fused Attention kernel (scores, mask, softmax, weighted V rows) for grouped heads over token-major caches
+    (runs again with the portable kernels, see test_portable_kernels)."""
+    rng = np.random.default_rng(seed)
+    hk, rep, d = 2, 3, 24
+    q = rng.standard_normal((hk, rep, d)).astype(np.float32)
+    k, v = rng.standard_normal((t, hk, d)).astype(np.float32), rng.standard_normal((t, hk, d)).astype(np.float32)
+    cx = lm.Graph()
+    tq, tk, tv = (cx.tensor(a.shape).set(a) for a in (q, k, v))
+    scores = (tq @ tk.transpose(0, 1).transpose(1, 2)) * (1 / np.sqrt(d))
+    out = (scores.softmax(-1) @ tv.transpose(0, 1)).output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert cx.stats().get("Attention") == 1
+    cx.execute()
+    s64 = np.einsum("hrd,thd->hrt", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    p64 = np.exp(s64 - s64.max(-1, keepdims=True))
+    p64 /= p64.sum(-1, keepdims=True)
+    want = np.einsum("hrt,thd->hrd", p64, v.astype(np.float64))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"seed {seed}")
+
+
 def test_thread_counts_agree(seed):
     """1 and N threads give the same results up to reassociation (here: exactly, as chunks never split a sum)."""
     rng = np.random.default_rng(seed)
