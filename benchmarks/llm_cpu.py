@@ -5,7 +5,8 @@ All engines run the bundled GGUF (`luminal.hub.bundled_model_path()`), the same 
 same thread count. Runs alternate between the engines (luminal, hf, llama.cpp, luminal, hf, ...) so that machine
 noise hits all of them alike; the table shows medians and the luminal/peer ratios from this one run.
 
-  * luminal runs in a subprocess of its own (this script with --worker), so its resident memory is its own: the peak
+  * luminal runs in a subprocess of its own (llm_cpu_worker.py, small, so that compiling the harness's own code is
+    not counted either), so its resident memory is its own: the peak
     RSS during prefill + decode is read from VmHWM (reset through /proc/self/clear_refs before each run).
   * hf: `LlamaForCausalLM` float32 built from the same GGUF (weights dequantised by `gguf_state_dict`), prefill = one
     forward over the prompt, decode = an eager loop of single-token forwards with a DynamicCache.
@@ -36,7 +37,6 @@ def parse_args(argv=None):
     p.add_argument("--skip-hf", action="store_true", help="skip Hugging Face transformers")
     p.add_argument("--skip-llamacpp", action="store_true", help="skip llama.cpp even when importable")
     p.add_argument("--prompt", default="Explain how photosynthesis works.", help="the user message")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # internal: the luminal subprocess
     return p.parse_args(argv)
 
 
@@ -50,11 +50,10 @@ import json  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-if ARGS is None or not ARGS.worker:  # the luminal worker measures its own memory: it imports only what it uses
-    import platform  # noqa: E402
-    import re  # noqa: E402
-    import statistics  # noqa: E402
-    import subprocess  # noqa: E402
+import platform  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -69,86 +68,12 @@ MB = 1e6
 LLAMACPP_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36  (builds from source, ~9 min on 2 cores)'
 
 
-# ---- process memory ---------------------------------------------------------------------------------------------------
-def proc_status() -> dict:
-    """VmRSS, VmHWM, RssAnon, RssFile from /proc/self/status, in bytes (missing keys absent)."""
-    out = {}
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile", "RssShmem"):
-                    out[k] = int(v.split()[0]) * 1024
-    except OSError:
-        pass
-    return out
-
-
-def reset_peak_rss() -> bool:
-    """Resets VmHWM to the current RSS (Linux >= 4.0). False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-# ---- luminal, in a subprocess of its own ------------------------------------------------------------------------------
-def luminal_worker(args) -> None:
-    """Loads the model, then answers JSON commands read line by line on stdin with one JSON line each."""
-    proto = os.fdopen(os.dup(1), "w")  # the protocol channel; anything else printed goes to stderr
-    os.dup2(2, 1)
-
-    def reply(**kw):
-        proto.write(json.dumps(kw) + "\n")
-        proto.flush()
-
-    try:
-        from luminal.gguf import GGUFFile
-        from luminal.hub import bundled_model_path
-        from luminal.nn import Llama, LlamaConfig, Session, gguf_state_dict
-
-        base = proc_status()
-        t0 = time.perf_counter()
-        g = GGUFFile(bundled_model_path())
-        cfg = LlamaConfig.from_gguf(g)
-        sd = gguf_state_dict(g, cfg, progress=False, quantized=True)
-        m = Llama(cfg)
-        m.load_state_dict(sd)
-        del sd
-        lm._core.set_num_threads(args.threads)
-        t1 = time.perf_counter()
-        sess = Session(m)
-        loaded = proc_status()
-        reply(ok=True, pid=os.getpid(), load_s=t1 - t0, compile_s=sess.compile_seconds, nodes=len(sess.graph),
-              base=base, loaded=loaded, threads=lm._core.num_threads() if hasattr(lm._core, "num_threads") else None)
-    except Exception:
-        reply(ok=False, error=traceback.format_exc())
-        return
-
-    for line in sys.stdin:
-        try:
-            cmd = json.loads(line)
-            if cmd["cmd"] == "quit":
-                reply(ok=True)
-                return
-            if cmd["cmd"] == "run":
-                sess.reset()
-                can_reset = reset_peak_rss()
-                before = proc_status()
-                toks = list(sess.generate(cmd["ids"], max_new_tokens=cmd["new_tokens"], temperature=0.0))
-                after = proc_status()
-                reply(ok=True, tokens=toks, stats=sess.stats, before=before, after=after, hwm_reset=can_reset)
-        except Exception:
-            reply(ok=False, error=traceback.format_exc())
-
-
 class LuminalEngine:
     name = "luminal"
 
     def __init__(self, threads):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--threads", str(threads)],
+        worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_cpu_worker.py")
+        self.proc = subprocess.Popen([sys.executable, worker, str(threads)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
         self.info = self._read()
         if not self.info.get("ok"):
@@ -331,7 +256,7 @@ class LlamaCppEngine:
 
 # ---- matmul -----------------------------------------------------------------------------------------------------------
 def bench(fn, reps=5):
-    fn()  # warm-up
+    fn(), fn()  # warm-up: two, so that the allocator has settled (a result's memory is handed back a run later)
     ts = []
     for _ in range(reps):
         t = time.perf_counter()
@@ -350,6 +275,7 @@ def matmul_bench(threads, n=1024):
 
     def row(name, fn, result):
         try:
+            time.sleep(0.5)  # BLAS threads busy-wait a while after their last call: let them go idle first
             s = bench(fn)
             err = float(np.max(np.abs(result() - ref)) / np.max(np.abs(ref)))
             rows.append((name, flops / s / 1e9, s * 1e3, err, ""))
@@ -655,7 +581,7 @@ def main(args):
 
     # ---- matmul
     if not args.skip_matmul:
-        print(f"\n== float32 1024x1024 @ 1024x1024 matmul, {args.threads} threads, median of 5 after a warm-up ==")
+        print(f"\n== float32 1024x1024 @ 1024x1024 matmul, {args.threads} threads, median of 5 after two warm-ups ==")
         try:
             mrows, stats = matmul_bench(args.threads)
             lrow = next((r for r in mrows if r[0] == "luminal" and r[1]), None)
@@ -674,7 +600,4 @@ def main(args):
 
 
 if __name__ == "__main__":
-    if ARGS.worker:
-        luminal_worker(ARGS)
-    else:
-        main(ARGS)
+    main(ARGS)

@@ -1176,6 +1176,19 @@ def test_row_reductions_fuse_normalisations_into_one_kernel(case, kernels):
     assert counts[1] == kernels < counts[0]
 
 
+def test_fusion_keeps_a_kept_intermediate():
+    """A kept tensor inlined into a fused kernel stays in the graph (for inspection) as a node of its own."""
+    x = np.random.default_rng(5).uniform(-2.0, 2.0, (3, 20))
+    cx = lm.Graph()
+    t = inp(cx, x, "float32")
+    kept = (t * 3).keep()
+    out = (kept.exp() + 1).output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert cx.node(cx._g.resolve(kept.id)).alive
+    cx.execute()
+    np.testing.assert_allclose(out.numpy(), np.exp(x * 3) + 1, rtol=1e-5)
+
+
 def test_row_reductions_keep_a_reduction_used_elsewhere():
     """A reduction whose value is also an output is computed once more inside its consumer, not lost."""
     from luminal.compiler import ElementwiseFusion

@@ -83,21 +83,47 @@ def quantize_q8_np(x: np.ndarray):
     return (q * d.astype(np.float64)).reshape(x.shape), np.broadcast_to(d, b.shape).reshape(x.shape).astype(np.float64)
 
 
+@pytest.mark.parametrize("m,k,n", [(13, 37, 19), (150, 300, 37)], ids=["tiles", "packed GEMM"])
 @pytest.mark.parametrize("layout", ["a @ b", "a @ b.T", "a.T @ b", "batched broadcast"])
-def test_float_matmul_layouts(layout, threads, seed):
+def test_float_matmul_layouts(layout, m, k, n, threads, seed):
+    """Small products take the register tiles; large ones the packed GEMM (150 rows: two row blocks and a partial
+    one, 6-row tiles with a partial last; 37 columns: a partial 16-column panel; k = 300: a partial second k block)."""
     rng = np.random.default_rng(seed)
-    x, y = rng.standard_normal((13, 37)).astype(np.float32), rng.standard_normal((37, 19)).astype(np.float32)
+    x, y = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     cx = lm.Graph()
     a, b = cx.tensor(x.shape).set(x), cx.tensor(y.shape).set(y)
     fns = {"a @ b": (lambda: a @ b, x @ y), "a @ b.T": (lambda: a @ b.T.contiguous().T, x @ y),
            "a.T @ b": (lambda: a.T.contiguous().T @ b, x @ y),
-           "batched broadcast": (lambda: a.unsqueeze(0).expand(3, 13, 37) @ b, np.stack([x @ y] * 3))}
+           "batched broadcast": (lambda: a.unsqueeze(0).expand(3, m, k) @ b, np.stack([x @ y] * 3))}
     build, want = fns[layout]
     out = build().output()
     cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
     assert "MatMul" in cx.stats()
     cx.execute()
-    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"seed {seed}")
+    want = want.astype(np.float64)  # float32 sums of 300 terms: within a few ulp of the magnitude sqrt(k)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=2e-5 * np.sqrt(k), err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("t", [5, 70])
+def test_attention_kernel_against_float64(t, threads, seed):
+    """The fused Attention kernel (scores, mask, softmax, weighted V rows) for grouped heads over token-major caches
+    (runs again with the portable kernels, see test_portable_kernels)."""
+    rng = np.random.default_rng(seed)
+    hk, rep, d = 2, 3, 24
+    q = rng.standard_normal((hk, rep, d)).astype(np.float32)
+    k, v = rng.standard_normal((t, hk, d)).astype(np.float32), rng.standard_normal((t, hk, d)).astype(np.float32)
+    cx = lm.Graph()
+    tq, tk, tv = (cx.tensor(a.shape).set(a) for a in (q, k, v))
+    scores = (tq @ tk.transpose(0, 1).transpose(1, 2)) * (1 / np.sqrt(d))
+    out = (scores.softmax(-1) @ tv.transpose(0, 1)).output()
+    cx.compile(lm.GenericCompiler(), lm.CPUCompiler())
+    assert cx.stats().get("Attention") == 1
+    cx.execute()
+    s64 = np.einsum("hrd,thd->hrt", q.astype(np.float64), k.astype(np.float64)) / np.sqrt(d)
+    p64 = np.exp(s64 - s64.max(-1, keepdims=True))
+    p64 /= p64.sum(-1, keepdims=True)
+    want = np.einsum("hrt,thd->hrd", p64, v.astype(np.float64))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"seed {seed}")
 
 
 def test_thread_counts_agree(seed):

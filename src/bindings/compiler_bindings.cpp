@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core/cpu/cpu.h"
+#include "core/fusion.h"
 #include "core/cpu/simd.h"
 #include "core/rewrite.h"
 

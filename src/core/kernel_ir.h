@@ -30,6 +30,14 @@ struct Program {
   bool float_registers = false;  // CPU: every step float32 or bool, every load float32 or bool
 };
 
+// The payload of an "Attention" node: `prog` runs over each row of scores S = Q K^T (its input `scores` is that
+// row), and the output row is the program's row times V. The node's inputs: q, k (S's operands), v, then the
+// program's inputs other than `scores`, in order.
+struct AttentionPlan {
+  Program prog;
+  int scores;
+};
+
 // The program a "Fused" node carries, or null for any other node.
 inline const Program* program_of(const Node& n) {
   return n.op == Op::Custom && n.name == "Fused" ? static_cast<const Program*>(n.payload.get()) : nullptr;

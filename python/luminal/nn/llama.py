@@ -58,6 +58,13 @@ def rotate_half(x: Tensor) -> Tensor:
     return cat([-x[..., half:], x[..., :half]], -1)
 
 
+def swap_halves(x: Tensor) -> Tensor:
+    """rotate_half without the sign: rotate_half(x) * sin == swap_halves(x) * cat([-sin1, sin2]). Folding the sign
+    into the (shared) sine table leaves the rotation reading x through views only, so it fuses into one kernel."""
+    half = x.shape[-1] // 2
+    return cat([x[..., half:], x[..., :half]], -1)
+
+
 class Attention(Module):
     def __init__(self, c: LlamaConfig, graph):
         super().__init__(graph)
@@ -68,15 +75,15 @@ class Attention(Module):
         self.o_proj = Linear(c.n_heads * c.head_dim, c.hidden, graph=graph)
 
     def forward(self, x, cos, sin, mask, k_cache, v_cache, slots):
-        """x: (s, hidden); cos, sin: (s, d); mask: (s, p+s); k_cache, v_cache: (capacity, Hkv, d) whose first p rows
+        """x: (s, hidden); cos, sin: (s, d), sin with its first half negated (see swap_halves); mask: (s, p+s); k_cache, v_cache: (capacity, Hkv, d) whose first p rows
         hold the earlier positions; slots: the positions p..p+s-1. Returns the output and the updated caches."""
         c = self.c
         s = x.layout.shape[0]
         q = self.q_proj(x).reshape(s, c.n_heads, c.head_dim).transpose(0, 1)  # (H, s, d)
         k = self.k_proj(x).reshape(s, c.n_kv_heads, c.head_dim)  # (s, Hkv, d): the cache's row layout
         v = self.v_proj(x).reshape(s, c.n_kv_heads, c.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos.unsqueeze(1) + rotate_half(k) * sin.unsqueeze(1)
+        q = q * cos + swap_halves(q) * sin
+        k = k * cos.unsqueeze(1) + swap_halves(k) * sin.unsqueeze(1)
         # Token-major caches: this step writes rows p..p+s-1, one Scatter each, which runs in place when the
         # session donates the cache arrays; attention reads rows 0..p+s-1 through views.
         k_cache = k_cache.index_copy(0, slots, k)
@@ -147,8 +154,8 @@ class Llama(Module):
         self.inv_freq = g.tensor((c.head_dim // 2,), name="inv_freq").set(inv_freq.astype(np.float32))
         slots = arange(p, p + s, graph=g)
         freqs = slots.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
-        emb = cat([freqs, freqs], -1)  # (s, d)
-        cos, sin = emb.cos(), emb.sin()
+        cos = cat([freqs, freqs], -1).cos()  # (s, d)
+        sin = cat([-freqs.sin(), freqs.sin()], -1)  # the sign of rotate_half folded in (see swap_halves)
         # Causal mask over the cache and the new tokens: key j is hidden from query i when j > p + i. Built once as
         # an additive 0 / -inf table, so each layer's masking fuses into its softmax.
         hidden = arange(0, p + s, graph=g).unsqueeze(0).gt(slots.unsqueeze(1))

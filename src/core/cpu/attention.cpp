@@ -1,7 +1,6 @@
-// Attention as one kernel: MatMul(P, V) where P is a row program (scale, mask, softmax) over the rows of another
-// MatMul S = Q K^T becomes "Attention": per output row, the scores row is computed into a buffer, the program runs
-// over it, and the probabilities weight V's rows. The scores and probabilities are never written to memory, and a
-// layer's attention is one kernel instead of three.
+// The CPU's Attention kernel (fusion.cpp decides where it goes): per output row, the scores row is computed into a
+// buffer, the row program (scale, mask, softmax) runs over it, and the probabilities weight V's rows. The scores and
+// probabilities are never written to memory.
 #include <algorithm>
 #include <memory>
 #include <stdexcept>
@@ -13,10 +12,6 @@
 namespace luminal {
 namespace {
 
-struct AttentionPlan {
-  Program prog;  // P's program
-  int scores;    // the input of `prog` that reads S's row
-};
 
 // Unmasked float32 views inside their buffers (checked once per run, not per element).
 void check_operand(const KernelArg& a, const char* what) {
@@ -78,8 +73,7 @@ void attention_kernel(const std::vector<KernelArg>& args, const Node& node, Buff
       const float* vb = pv + outer_offset(vv, r, 2);  // element (n, t) at vb[n * svn + t * svt]
       float* o = po + r * N;
       if (svn == 1) {
-        std::fill(o, o + N, 0.0f);
-        for (int64_t t = 0; t < T; ++t) simd::axpy_f32(p[t], vb + t * svt, o, N);
+        simd::weighted_rows_f32(p.data(), vb, svt, T, N, o);
       } else {
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0;
@@ -95,66 +89,5 @@ struct Registrar {
   Registrar() { register_builtin_kernel("Attention", attention_kernel); }
 } registrar;
 
-bool is_matmul(const Node& n) { return n.op == Op::Custom && n.name == "MatMul" && n.dtype == DType::F32; }
-
-bool only_user(const Graph& g, int64_t producer, int64_t consumer) {
-  std::vector<int64_t> us = g.users(producer), kept = g.kept();
-  return us.size() == 1 && us[0] == consumer && std::find(kept.begin(), kept.end(), producer) == kept.end();
-}
-
-bool f32_unmasked(const Graph& g, const Edge& e) { return g.node(e.node).dtype == DType::F32 && !e.view.has_mask(); }
-
 }  // namespace
-
-size_t fuse_attention(Graph& g) {
-  size_t count = 0;
-  for (int64_t id : g.topo_order()) {
-    const Node& o = g.node(id);
-    if (!o.alive || !is_matmul(o) || o.inputs.size() != 2) continue;
-    // O = P @ V: its left operand reads row r of P for every output column (stride 0 across the columns).
-    const Edge &pe = o.inputs[0], &ve = o.inputs[1];
-    const Node& p = g.node(pe.node);
-    const Program* prog = program_of(p);
-    if (!prog || prog->reduce != Op::Input || !prog->float_registers || p.dtype != DType::F32 ||
-        !only_user(g, pe.node, id) || !f32_unmasked(g, ve) || pe.view.has_mask())
-      continue;
-    size_t r = pe.view.rank();
-    if (r < 2 || pe.view.strides[r - 2] != Expr(0)) continue;
-    View per_row = pe.view;
-    per_row.shape.erase(per_row.shape.begin() + (r - 2));
-    per_row.strides.erase(per_row.strides.begin() + (r - 2));
-    if (!per_row.is_contiguous() || numel(per_row.shape) != numel(p.shape) || p.shape.empty() ||
-        per_row.shape.back() != p.shape.back())
-      continue;
-    // P reads exactly one MatMul S element for element, rows of the same length.
-    int scores = -1;
-    bool ok = true;
-    for (size_t i = 0; i < p.inputs.size(); ++i) {
-      const Node& s = g.node(p.inputs[i].node);
-      if (!is_matmul(s)) continue;
-      if (scores >= 0 || !only_user(g, p.inputs[i].node, pe.node) || !p.inputs[i].view.is_contiguous() ||
-          numel(s.shape) != numel(p.shape) || s.shape.empty() || s.shape.back() != p.shape.back())
-        ok = false;
-      scores = int(i);
-    }
-    if (!ok || scores < 0) continue;
-    const Node& s = g.node(p.inputs[scores].node);
-    if (!f32_unmasked(g, s.inputs[0]) || !f32_unmasked(g, s.inputs[1])) continue;
-    int64_t s_id = p.inputs[scores].node, p_id = pe.node;
-    std::vector<Edge> inputs{s.inputs[0], s.inputs[1], ve};
-    for (size_t i = 0; i < p.inputs.size(); ++i)
-      if (int(i) != scores) inputs.push_back(p.inputs[i]);
-    auto plan = std::make_shared<AttentionPlan>(AttentionPlan{*prog, scores});
-    Shape shape = o.shape;
-    int64_t a = g.custom("Attention", inputs, shape, DType::F32);
-    g.node_mut(a).payload = plan;
-    g.replace_uses(id, a);
-    g.remove(id);
-    g.remove(p_id);
-    g.remove(s_id);
-    ++count;
-  }
-  return count;
-}
-
 }  // namespace luminal

@@ -21,6 +21,11 @@ inline int64_t outer_offset(const ConcreteView& v, int64_t i, int inner) {
 }
 int num_threads();
 
+// C[m, n] = sum_k A[m, k] B[n, k] with A[m, k] at A[m * sam + k * sak], B[n, k] at B[n * sbn + k * sbk], C row-major
+// (row stride ldc); packed, cache-blocked, multithreaded. False (nothing written) where the CPU lacks the SIMD.
+bool gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbn,
+              int64_t sbk, float* C, int64_t ldc);
+
 // SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any
 // broadcast views. Returns the number of rewrites.
 size_t lower_matmuls(Graph& g);
@@ -38,14 +43,5 @@ struct Program;
 void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
                       const float* given_row, float* out);
 
-// MatMul(rows of a row program over the rows of another MatMul, V) -> one "Attention" kernel per row: the scores,
-// the program (scale, mask, softmax) and the weighted sum of V's rows, without writing the scores out. Run after
-// ElementwiseFusion.
-size_t fuse_attention(Graph& g);
-
-// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one "Fused" kernel each. With
-// `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
-// (Instr::Reduce): RMSNorm and softmax become one kernel each.
-size_t fuse_elementwise(Graph& g, bool row_reductions = false);
 
 }  // namespace luminal

@@ -1,13 +1,10 @@
-// Fused elementwise kernels: chains of unary/binary/cast primops (optionally ending in a sum or max over the last
-// axis) become one "Fused" node carrying a small register program. The kernel runs it row by row over chunks of
-// the last axis, reading every input through its view, in double precision with each step rounded to its node's
-// dtype: exactly what the reference executor computes, one pass over memory instead of one per primop.
+// The CPU's "Fused" kernel: it interprets the register program (kernel_ir.h) that fusion.cpp put on the node, over
+// chunks of rows, reading every input through its view, with each step rounded to its node's dtype: what the
+// reference executor computes, in one pass over memory instead of one per primop.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
-#include <optional>
-#include <set>
 #include <stdexcept>
 #include <type_traits>
 #include <unordered_map>
@@ -107,6 +104,23 @@ inline void accumulate(Op op, double& acc, double x) {
   else if (std::isnan(x) || x > acc) acc = x;
 }
 
+// The sum or max of a register's n values, in double. Float registers (whose programs are within a few ulp of the
+// reference anyway) add in four interleaved sums, which the adder pipelines; double registers (bit-identical to
+// the reference) add in order.
+template <class T>
+double reduce_row(Op op, const T* x, int64_t n) {
+  double acc = op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
+  int64_t j = 0;
+  if (std::is_same<T, float>::value && op == Op::SumReduce) {
+    double a[4] = {0, 0, 0, 0};
+    for (; j + 4 <= n; j += 4)
+      for (int k = 0; k < 4; ++k) a[k] += double(x[j + k]);
+    acc = (a[0] + a[1]) + (a[2] + a[3]);
+  }
+  for (; j < n; ++j) accumulate(op, acc, double(x[j]));
+  return acc;
+}
+
 // Runs the program over chunks of kChunk values: several whole rows, or one piece of a long row. A Reduce step needs
 // its whole row first, so a long row takes one pass per Reduce step (evaluating only what that step needs), then
 // one for the output: rows of any length run in a fixed amount of register memory.
@@ -138,11 +152,8 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
             std::fill(dst, dst + n, T(in.imm));
           } else if (in.kind == Instr::Reduce) {
             const T* x = regs.data() + in.a * kChunk;
-            for (int64_t r = 0; r < m; ++r) {
-              double acc = in.op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
-              for (int64_t j = 0; j < L; ++j) accumulate(in.op, acc, double(x[r * L + j]));
-              std::fill(dst + r * L, dst + (r + 1) * L, T(round_to(in.dtype, acc)));
-            }
+            for (int64_t r = 0; r < m; ++r)
+              std::fill(dst + r * L, dst + (r + 1) * L, T(round_to(in.dtype, reduce_row(in.op, x + r * L, L))));
           } else {
             apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
             round_to_dtype(dst, n, in.dtype);
@@ -245,10 +256,7 @@ void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, i
     } else if (in.kind == Instr::Imm) {
       std::fill(dst, dst + L, float(in.imm));
     } else if (in.kind == Instr::Reduce) {
-      double acc = in.op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
-      const float* x = regs.data() + in.a * L;
-      for (int64_t j = 0; j < L; ++j) accumulate(in.op, acc, double(x[j]));
-      std::fill(dst, dst + L, float(round_to(in.dtype, acc)));
+      std::fill(dst, dst + L, float(round_to(in.dtype, reduce_row(in.op, regs.data() + in.a * L, L))));
     } else {
       apply<float>(in.op, regs.data() + in.a * L, in.b >= 0 ? regs.data() + in.b * L : nullptr, dst, L);
       round_to_dtype(dst, L, in.dtype);
@@ -263,198 +271,5 @@ struct Registrar {
   Registrar() { register_builtin_kernel("Fused", fused_kernel); }
 } registrar;
 
-bool fusible(const Node& n) {
-  if (is_unary(n.op) || is_binary(n.op) || n.op == Op::Cast) return true;
-  return (n.op == Op::SumReduce || n.op == Op::MaxReduce) && n.axis == int(n.inputs[0].view.shape.size()) - 1;
-}
-
-// Builds the program of one root node, inlining the fused producers of its group. Every register is an element of
-// the root's iteration space S (the row is its last axis). A producer is inlined through an edge when
-//  - the edge reads it element for element (plain, or a contiguous reshape keeping the row): its code runs as is;
-//  - or (row reductions on) the edge broadcasts one value per row of S: a producer holding a value per row (say the
-//    1/rms of RMSNorm) runs its code once per row; a producer that reduces over a row of S becomes a Reduce step.
-// Its input views are moved into S. Emission is memoised per (node, view), so a value read twice is computed once.
-class ProgramBuilder {
- public:
-  ProgramBuilder(Graph& g, bool rows, int64_t root) : g_(g), rows_(rows), root_(root) {}
-
-  // Grows the group until no producer can join: one whose users are all in the group (so it dies with the root).
-  void plan() {
-    for (;;) {
-      build();
-      bool grew = false;
-      for (int64_t c : candidates_) {
-        std::vector<int64_t> us = g_.users(c);
-        if (std::all_of(us.begin(), us.end(), [&](int64_t u) { return u == root_ || group_.count(u); }))
-          grew = group_.insert(c).second || grew;
-      }
-      if (!grew) return;
-    }
-  }
-
-  // The root's program and the edges it loads.
-  void build() {
-    prog_ = std::make_shared<Program>();
-    inputs_.clear();
-    memo_.clear();
-    candidates_.clear();
-    const Node& x = g_.node(root_);
-    if (x.op == Op::SumReduce || x.op == Op::MaxReduce) {
-      emit(x.inputs[0]);
-      prog_->reduce = x.op;
-      return;
-    }
-    Instr in{Instr::Apply, x.op};
-    in.a = emit(x.inputs[0]);
-    if (x.inputs.size() > 1) in.b = emit(x.inputs[1]);
-    in.dtype = x.dtype;
-    prog_->code.push_back(in);
-  }
-
-  // Removes the inlined producers nothing reads any more (the root was replaced), so that the users of the nodes
-  // before them are exact for the roots that follow.
-  void remove_absorbed() {
-    for (bool removed = true; removed;) {
-      removed = false;
-      for (int64_t id : group_)
-        if (g_.node(id).alive && g_.users(id).empty()) {
-          g_.remove(id);
-          removed = true;
-        }
-    }
-  }
-
-  std::shared_ptr<Program> prog_;
-  std::vector<Edge> inputs_;
-
- private:
-  enum class Mode { Same, Rows };
-
-  // How the view `e` (in the root's space) can run producer `p`'s code, with p's input views moved into that
-  // space; nothing when it can only load p.
-  std::optional<std::vector<View>> inline_views(const Edge& e) const {
-    const Node& p = g_.node(e.node);
-    const Program* q = program_of(p);
-    if (!q || p.inputs.empty()) return std::nullopt;
-    const View& v = e.view;
-    const Shape& S = v.shape;
-    const Shape& space = p.inputs[0].view.shape;  // p's iteration space
-    bool p_reduces = q->reduce != Op::Input;
-    std::optional<Mode> mode;
-    if (!p_reduces && v.is_contiguous() && numel(S) == numel(p.shape) &&
-        (!q->has_row_reductions() || (!S.empty() && !space.empty() && S.back() == space.back())))
-      mode = Mode::Same;
-    else if (rows_ && !S.empty() && !v.has_mask() && v.strides.back() == Expr(0)) {
-      View per_row{Shape(S.begin(), S.end() - 1), Shape(v.strides.begin(), v.strides.end() - 1), v.offset, {}};
-      bool aligned = per_row.is_contiguous() && numel(per_row.shape) == numel(p.shape);
-      if (aligned && !p_reduces && !q->has_row_reductions()) mode = Mode::Rows;
-      if (aligned && p_reduces && !space.empty() && space.back() == S.back()) mode = Mode::Rows;
-    }
-    if (!mode) return std::nullopt;
-    bool per_row = *mode == Mode::Rows && !p_reduces;  // p's inputs hold one value per row: read them broadcast
-    Shape shape = S;
-    if (per_row) shape.back() = Expr(1);
-    std::vector<View> views;
-    for (const Edge& pe : p.inputs) {
-      std::optional<View> w = pe.view.reshape(shape);
-      if (!w) return std::nullopt;
-      views.push_back(per_row ? w->expand(int(S.size()) - 1, S.back()) : *w);
-    }
-    return views;
-  }
-
-  int emit(const Edge& e) {
-    for (auto& [seen, reg] : memo_)
-      if (seen.node == e.node && seen.view == e.view) return reg;
-    auto views = inline_views(e);
-    int reg;
-    if (views && group_.count(e.node)) {
-      reg = inline_code(g_.node(e.node), *views);
-    } else {
-      if (views) candidates_.insert(e.node);
-      reg = load(e);
-    }
-    memo_.emplace_back(e, reg);
-    return reg;
-  }
-
-  int inline_code(const Node& p, const std::vector<View>& views) {
-    const Program& q = *program_of(p);
-    std::vector<int> reg(q.code.size());
-    for (size_t i = 0; i < q.code.size(); ++i) {
-      Instr in = q.code[i];
-      if (in.kind == Instr::Load) {
-        reg[i] = emit(Edge{p.inputs[in.input].node, views[in.input]});
-        continue;
-      }
-      if (in.a >= 0) in.a = reg[in.a];
-      if (in.b >= 0) in.b = reg[in.b];
-      prog_->code.push_back(in);
-      reg[i] = int(prog_->code.size()) - 1;
-    }
-    if (q.reduce != Op::Input) {  // p reduced each row of this space: a Reduce step
-      Instr r{Instr::Reduce, q.reduce};
-      r.a = reg.back();
-      r.dtype = p.dtype;
-      prog_->code.push_back(r);
-    }
-    return int(prog_->code.size()) - 1;
-  }
-
-  int load(const Edge& e) {
-    const Node& p = g_.node(e.node);
-    Instr in;
-    if (p.op == Op::Constant && !e.view.has_mask()) {
-      in.kind = Instr::Imm;
-      in.imm = p.value;
-    } else {
-      in.kind = Instr::Load;
-      in.input = int(inputs_.size());
-      inputs_.push_back(e);
-    }
-    in.dtype = p.dtype;
-    prog_->code.push_back(in);
-    return int(prog_->code.size()) - 1;
-  }
-
-  Graph& g_;
-  bool rows_;
-  int64_t root_;
-  std::set<int64_t> group_, candidates_;
-  std::vector<std::pair<Edge, int>> memo_;
-};
-
 }  // namespace
-
-size_t fuse_elementwise(Graph& g, bool row_reductions) {
-  size_t count = 0;
-  for (int64_t id : g.topo_order()) {
-    if (!g.node(id).alive || !fusible(g.node(id))) continue;
-    ProgramBuilder b(g, row_reductions, id);
-    b.plan();
-    if (b.inputs_.empty()) continue;  // constants only: GenericCompiler folds those
-    Program& prog = *b.prog_;
-    prog.float_registers = true;
-    for (auto& in : prog.code) {
-      bool f = in.dtype == DType::F32 || in.dtype == DType::Bool;
-      if (in.kind == Instr::Load) {
-        DType t = g.node(b.inputs_[in.input].node).dtype;
-        f = t == DType::F32 || t == DType::Bool;
-      }
-      if (in.kind == Instr::Imm) f = f && double(float(in.imm)) == in.imm;
-      prog.float_registers = prog.float_registers && f;
-    }
-    const Node& x = g.node(id);
-    Shape shape = x.shape;
-    int64_t f = g.custom("Fused", b.inputs_, shape, x.dtype);
-    g.node_mut(f).payload = b.prog_;
-    g.replace_uses(id, f);
-    g.remove(id);
-    b.remove_absorbed();
-    ++count;
-  }
-  if (count) remove_dead_nodes(g);
-  return count;
-}
-
 }  // namespace luminal

@@ -85,6 +85,25 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
       return;
     }
   }
+  {
+    // A large true matrix product per batch (a independent of n, b of m), any strides: the packed GEMM.
+    const KernelArg &a = in_args.at(0), &b = in_args.at(1);
+    const ConcreteView &va = a.view, &vb = b.view;
+    size_t r = va.shape.size();
+    int64_t M = r >= 3 ? va.shape[r - 3] : 1, N = r >= 2 ? va.shape[r - 2] : 1, K = r ? va.shape[r - 1] : 1;
+    if (r >= 3 && out_dtype == DType::F32 && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+        !va.masked && !vb.masked && va.strides[r - 2] == 0 && vb.strides[r - 3] == 0 && M >= 16 && N >= 16 &&
+        K >= 16 && M * N * K >= (int64_t(1) << 18) && in_bounds(a) && in_bounds(b)) {
+      const float* pa = static_cast<const float*>(a.buf->data.get());
+      const float* pb = static_cast<const float*>(b.buf->data.get());
+      float* po = static_cast<float*>(out.data.get());
+      bool done = true;
+      for (int64_t bt = 0; bt < out.numel() / (M * N) && done; ++bt)
+        done = gemm_f32(M, N, K, pa + outer_offset(va, bt * M, 2), va.strides[r - 3], va.strides[r - 1],
+                        pb + outer_offset(vb, bt * M, 2), vb.strides[r - 2], vb.strides[r - 1], po + bt * M * N, N);
+      if (done) return;
+    }
+  }
   // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
   std::vector<KernelArg> args = in_args;
   Buffer packed[2];
@@ -116,7 +135,8 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
   };
   int64_t sna = r >= 2 ? va.strides[r - 2] : 0, snb = r >= 2 ? vb.strides[r - 2] : 0;
   int64_t M = r >= 3 ? va.shape[r - 3] : 1;
-  if (fast && r >= 3 && sna == 0 && vb.strides[r - 3] == 0 && M >= 4 && N >= 3) {
+  bool product = fast && r >= 3 && sna == 0 && vb.strides[r - 3] == 0;  // a true matrix product per batch
+  if (product && M >= 4 && N >= 3) {
     // A true matrix product per batch (a independent of n, b of m): 4 x 3 register tiles.
     const float* pa = static_cast<const float*>(a.buf->data.get());
     const float* pb = static_cast<const float*>(b.buf->data.get());

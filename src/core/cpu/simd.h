@@ -244,9 +244,27 @@ __attribute__((target("avx2,f16c"))) inline void block_halves(const uint8_t* w, 
 template <int BB>
 __attribute__((target("avx2,fma,f16c"))) inline void group_q8(const uint8_t* w, const __m256i* p, __m256i live,
                                                                 const float* d, const float* s, __m256& acc,
-                                                                __m256& mins) {
+                                                                __m256& mins, bool full = false) {
   __m256 dw, mw;
-  block_halves<BB>(w, live, dw, mw);
+  if (BB == 34 && full) {  // Q8_0's eight scales by 16-bit inserts: cheaper than a gather on Zen 3
+    auto at = [&](int j) {
+      uint16_t h;
+      std::memcpy(&h, w + j * BB, 2);
+      return int(h);
+    };
+    __m128i h = _mm_cvtsi32_si128(at(0));
+    h = _mm_insert_epi16(h, at(1), 1);
+    h = _mm_insert_epi16(h, at(2), 2);
+    h = _mm_insert_epi16(h, at(3), 3);
+    h = _mm_insert_epi16(h, at(4), 4);
+    h = _mm_insert_epi16(h, at(5), 5);
+    h = _mm_insert_epi16(h, at(6), 6);
+    h = _mm_insert_epi16(h, at(7), 7);
+    dw = _mm256_cvtph_ps(h);
+    mw = dw;
+  } else {
+    block_halves<BB>(w, live, dw, mw);
+  }
   acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_maskload_ps(d, live)), _mm256_cvtepi32_ps(block_totals(p)), acc);
   if (BB == 20) mins = _mm256_fmadd_ps(mw, _mm256_maskload_ps(s, live), mins);
   if (BB == 18) mins = _mm256_fmadd_ps(dw, _mm256_maskload_ps(s, live), mins);
@@ -260,7 +278,7 @@ __attribute__((target("avx2,fma,f16c"))) inline float dot_q8_avx2(const uint8_t*
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
     for (int j = 0; j < 8; ++j) p[j] = block_dot_q8<BB>(w + j * BB, q + 32 * j);
-    group_q8<BB>(w, p, _mm256_set1_epi32(-1), d + b, s + b, acc, mins);
+    group_q8<BB>(w, p, _mm256_set1_epi32(-1), d + b, s + b, acc, mins, true);
   }
   if (int left = int(nb - b)) {
     for (int j = 0; j < 8; ++j) p[j] = j < left ? block_dot_q8<BB>(w + j * BB, q + 32 * j) : _mm256_setzero_si256();
@@ -391,6 +409,34 @@ __attribute__((target("avx2,fma"))) inline void dot_rows_f32_avx2(const float* x
   for (; i < n; ++i) out[i] = dot_f32_avx2(x, rows + i * stride, k);
 }
 
+// out[0..n) = sum_t w[t] * rows[t * stride + 0..n): the accumulators stay in registers across the rows (64 columns
+// at a time) instead of a load and store of the output per row.
+__attribute__((target("avx2,fma"))) inline void weighted_rows_f32_avx2(const float* w, const float* rows,
+                                                                       int64_t stride, int64_t T, int64_t n,
+                                                                       float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    __m256 acc[8];
+    for (auto& a : acc) a = _mm256_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) {
+      __m256 wt = _mm256_set1_ps(w[t]);
+      const float* r = rows + t * stride + c;
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(r + 8 * j), acc[j]);
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(out + c + 8 * j, acc[j]);
+  }
+  for (; c + 8 <= n; c += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[t]), _mm256_loadu_ps(rows + t * stride + c), acc);
+    _mm256_storeu_ps(out + c, acc);
+  }
+  for (; c < n; ++c) {
+    float acc = 0;
+    for (int64_t t = 0; t < T; ++t) acc += w[t] * rows[t * stride + c];
+    out[c] = acc;
+  }
+}
+
 // LUMINAL_NO_AVX2=1 forces the portable kernels (how the tests check them on an AVX2 machine).
 inline bool have_avx2() {
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -405,6 +451,15 @@ inline float dot_f32(const float* a, const float* b, int64_t k) {
   if (have_avx2()) return dot_f32_avx2(a, b, k);
 #endif
   return dot_f32_portable(a, b, k);
+}
+
+inline void weighted_rows_f32(const float* w, const float* rows, int64_t stride, int64_t T, int64_t n, float* out) {
+#ifdef LUMINAL_X86
+  if (have_avx2()) return weighted_rows_f32_avx2(w, rows, stride, T, n, out);
+#endif
+  std::fill(out, out + n, 0.0f);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < n; ++c) out[c] += w[t] * rows[t * stride + c];
 }
 
 inline void dot_rows_f32(const float* x, const float* rows, int64_t stride, int64_t n, int64_t k, float* out) {
