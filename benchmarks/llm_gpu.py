@@ -245,6 +245,12 @@ def run_model(key, args, bw):
         if not rates["torch eager"]:  # slow (~10 tok/s on the 8B shape): once
             toks["torch eager"], r = torch_decode(hf, prompt, args.decode)
             rates["torch eager"].append(r)
+    if args.one_graph:  # the run replayed as one CUDA graph instead of chunks, for comparison
+        import os
+
+        os.environ["LUMINAL_CUDA_GRAPH_CHUNKS"] = "0"
+        rates["luminal (one graph)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
+        del os.environ["LUMINAL_CUDA_GRAPH_CHUNKS"]
     if args.graphs_off:  # the same loop with direct launches, for comparison
         import os
 
@@ -366,6 +372,7 @@ def main():
     p.add_argument("--reps", type=int, default=3, help="timed decode runs per engine (medians are printed)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--trace", action="store_true", help="trace decode steps with torch.profiler: GPU time per kernel")
+    p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     args = p.parse_args()
     args.kernels = kernels_per_step

@@ -499,39 +499,30 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
   DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
   if (!is_float(as) || !is_float(bs) || !is_float(n.dtype) || av.masked || bv.masked || R < 1) return;
   std::string od = dtype_name(n.dtype);
-  // Matrix-vector: a warp per output row, or per two rows sharing their left operand (p[3] == 1: the runtime saw
-  // that row 2j and 2j + 1 read the same activations, so those are loaded once for both). Memory-bound, so what
-  // counts is bytes in flight: each lane issues the loads of 4 steps of 8 elements (16 bytes of a 2-byte type per
-  // operand) before the first multiply, and the right operand (the weights of a Linear: read once per step) is
-  // streamed past L1 (ld.global.nc.L1::no_allocate) so that the activations, which every warp re-reads, stay there.
+  // Matrix-vector: a warp per output row. Memory-bound, so what counts is bytes in flight: each lane issues the
+  // loads of 4 steps of 8 elements (16 bytes of a 2-byte type per operand) before the first multiply, and the
+  // right operand (the weights of a Linear: read once, never again in this step) is streamed past L1
+  // (ld.global.nc.L1::no_allocate) so that the activations, which every warp re-reads, stay there.
   {
     Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
-    std::string lda = "ld8_" + std::string(dtype_name(as)), ldb = "lds8_" + std::string(dtype_name(bs));
     k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
-      << "  int lane = threadIdx.x & 31, pair = (int)p[3];\n"
-      << "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2], rows = pair ? p[1] / 2 : p[1];\n"
-      << "  for (i64 w = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; w < rows; w += nw) {\n"
-      << "    i64 row = pair ? 2 * w : w;\n"
+      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
+      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
-      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ", ob1 = ob + "
-      << ViewText{bv}.stride(R - 2) << ";\n"
-      << "    float acc = 0.0f, acc1 = 0.0f;\n"
+      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
+      << "    float acc = 0.0f;\n"
       << "    for (i64 k0 = lane * 8; k0 < K; k0 += 1024) {\n"
-      << "      float a[4][8], b[4][8], c[4][8];\n"
+      << "      float a[4][8], b[4][8];\n"
       << "#pragma unroll\n"
       << "      for (int u = 0; u < 4; ++u) {\n"
-      << "        i64 kk = k0 + u * 256;\n"
-      << "        if (kk < K) { " << lda << "(in0, oa + kk, a[u]); " << ldb << "(in1, ob + kk, b[u]);\n"
-      << "                      if (pair) " << ldb << "(in1, ob1 + kk, c[u]); }\n"
-      << "        else for (int j = 0; j < 8; ++j) a[u][j] = b[u][j] = c[u][j] = 0.0f;\n      }\n"
+      << "        if (k0 + u * 256 < K) { ld8_" << dtype_name(as) << "(in0, oa + k0 + u * 256, a[u]); lds8_"
+      << dtype_name(bs) << "(in1, ob + k0 + u * 256, b[u]); }\n"
+      << "        else for (int j = 0; j < 8; ++j) a[u][j] = b[u][j] = 0.0f;\n      }\n"
       << "#pragma unroll\n"
-      << "      for (int u = 0; u < 4; ++u)\n"
-      << "        for (int j = 0; j < 8; ++j) { acc += a[u][j] * b[u][j]; if (pair) acc1 += a[u][j] * c[u][j]; }\n"
-      << "    }\n"
-      << "    acc = warp_sum(acc);\n    if (lane == 0) st_" << od << "(out, row, acc);\n"
-      << "    if (pair) { acc1 = warp_sum(acc1); if (lane == 0) st_" << od << "(out, row + 1, acc1); }\n  }\n}\n";
+      << "      for (int u = 0; u < 4; ++u)\n        for (int j = 0; j < 8; ++j) acc += a[u][j] * b[u][j];\n    }\n"
+      << "    acc = warp_sum(acc);\n    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
     st.gemv_fn = add_kernel(k.str());
   }
   if (R < 3) return;

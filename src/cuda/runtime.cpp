@@ -457,13 +457,6 @@ void Runtime::build_plan(const Bindings& dims) {
       bool vec16 = false;
       P.variant[i] = matmul_variant(st, cv, out_n, P.grid[i], vec16);
       p[3] = vec16;  // the mma kernel's 16-byte staging loads
-      if (P.variant[i] == 1) {
-        // Matrix-vector: rows in pairs when the output's last dim is even and both rows of a pair read the same
-        // activations (stride 0 along it), so the kernel loads those once for two rows.
-        size_t r = cv[0].shape.size();
-        p[3] = r >= 2 && cv[0].shape[r - 2] % 2 == 0 && cv[0].strides[r - 2] == 0;
-        P.items[i] = out_n;
-      }
     }
     if (!st.second_fn.empty()) {  // Scatter: rows of the index
       int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
@@ -675,6 +668,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   // the host.
   const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
   graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
+  const char* chunks = std::getenv("LUMINAL_CUDA_GRAPH_CHUNKS");  // "0": one graph for the whole run
+  one_graph_ = chunks && std::string(chunks) == "0";
   npending_ = launched_ = nchunk_ = 0;
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr>& ptr = ptr_;

@@ -2,6 +2,7 @@
 // a Schedule: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
 // arena for intermediates with offsets from liveness), and a launch per kernel step.
 #pragma once
+#include <cstdint>
 #include <array>
 #include <memory>
 #include <optional>
@@ -102,7 +103,8 @@ class Runtime {
     std::vector<CUgraphNode> nodes;
     std::vector<Launch> launches;
   };
-  static size_t chunk_size(size_t k) { return k < 3 ? size_t(16) << k : 128; }
+  size_t chunk_size(size_t k) const { return one_graph_ ? SIZE_MAX : k < 3 ? size_t(16) << k : 128; }
+  bool one_graph_ = false;  // LUMINAL_CUDA_GRAPH_CHUNKS=0: the whole run as one graph (for comparison)
   std::vector<Launch> pending_;
   size_t npending_ = 0, launched_ = 0, nchunk_ = 0;  // launches recorded into the current chunk; chunks this run
   std::array<double, 4> times_{};
