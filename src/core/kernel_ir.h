@@ -26,6 +26,20 @@ struct Program {
       if (in.kind == Instr::Reduce) return true;
     return false;
   }
+  // The registers a pass computing register `target` evaluates (a program with Reduce steps runs a pass per Reduce
+  // step, then one for the output): what `target` depends on, with earlier Reduce steps as leaves (their values are
+  // known by then); a Reduce target needs its operand.
+  std::vector<char> needed_for(size_t target) const {
+    std::vector<char> need(code.size(), 0);
+    need[target] = 1;
+    for (size_t i = target + 1; i-- > 0;) {
+      const Instr& in = code[i];
+      if (!need[i] || (in.kind == Instr::Reduce && i != target)) continue;
+      if (in.a >= 0) need[in.a] = 1;
+      if (in.b >= 0) need[in.b] = 1;
+    }
+    return need;
+  }
   Op reduce = Op::Input;    // SumReduce / MaxReduce over the last axis, or Input for none
   bool float_registers = false;  // CPU: every step float32 or bool, every load float32 or bool
 };

@@ -360,20 +360,6 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   return k.str();
 }
 
-// The registers phase `target` evaluates: what it depends on, with earlier Reduce steps as leaves (their row values
-// are known by then); a Reduce target needs its operand.
-std::vector<char> needed_for(const Program& prog, size_t target) {
-  std::vector<char> need(prog.code.size(), 0);
-  need[target] = 1;
-  for (size_t i = target + 1; i-- > 0;) {
-    const Instr& in = prog.code[i];
-    if (!need[i] || (in.kind == Instr::Reduce && i != target)) continue;
-    if (in.a >= 0) need[in.a] = 1;
-    if (in.b >= 0) need[in.b] = 1;
-  }
-  return need;
-}
-
 // A program with row reductions (RMSNorm, softmax): a block per row. Each Reduce step is a pass over the row by the
 // block's threads (evaluating only what it needs, from the loads: values are recomputed, not kept) ending in a
 // block-wide sum or max that every thread receives; the last pass computes the output (stored per element, or
@@ -399,7 +385,7 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
     std::string a = "r" + std::to_string(in.a);
     k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << init(in.op) << ";\n"
       << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(needed_for(prog, i), i) << "    acc = " << combine(in.op, a) << ";\n    }\n"
+      << body_of(prog.needed_for(i), i) << "    acc = " << combine(in.op, a) << ";\n    }\n"
       << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
       << (in.op == Op::SumReduce ? "true" : "false") << ", part));\n    }\n";
   }
@@ -407,12 +393,12 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
   std::string res = "r" + std::to_string(last);
   if (prog.reduce == Op::Input) {
     k << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(needed_for(prog, last), size_t(-1)) << "    " << st_fn << "(out, row * p[2] + " << j << ", " << res
+      << body_of(prog.needed_for(last), size_t(-1)) << "    " << st_fn << "(out, row * p[2] + " << j << ", " << res
       << ");\n    }\n";
   } else {
     k << "    {\n    " << T << " acc = " << init(prog.reduce) << ";\n"
       << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(needed_for(prog, last), size_t(-1)) << "    acc = " << combine(prog.reduce, res) << ";\n    }\n"
+      << body_of(prog.needed_for(last), size_t(-1)) << "    acc = " << combine(prog.reduce, res) << ";\n    }\n"
       << "    acc = block_reduce(acc, " << (prog.reduce == Op::SumReduce ? "true" : "false") << ", part);\n"
       << "    if (threadIdx.x == 0) " << st_fn << "(out, row, acc);\n    }\n";
   }

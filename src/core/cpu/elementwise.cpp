@@ -84,20 +84,6 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
   }
 }
 
-// The steps phase `target` evaluates: what `target` depends on, with earlier Reduce steps as leaves (their values
-// are known by then) and a Reduce target needing its operand.
-std::vector<char> needed_for(const Program& prog, size_t target) {
-  std::vector<char> need(prog.code.size(), 0);
-  need[target] = 1;
-  for (size_t i = target + 1; i-- > 0;) {
-    const Instr& in = prog.code[i];
-    if (!need[i] || (in.kind == Instr::Reduce && i != target)) continue;
-    if (in.a >= 0) need[in.a] = 1;
-    if (in.b >= 0) need[in.b] = 1;
-  }
-  return need;
-}
-
 // Folds x into a running sum or max (NaN wins, as in the reference).
 inline void accumulate(Op op, double& acc, double x) {
   if (op == Op::SumReduce) acc += x;
@@ -181,7 +167,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
     if (prog.code[i].kind == Instr::Reduce) targets.push_back(i);
   targets.push_back(nreg - 1);
   std::vector<std::vector<char>> need;
-  for (size_t t : targets) need.push_back(needed_for(prog, t));
+  for (size_t t : targets) need.push_back(prog.needed_for(t));
   parallel_for(rows, std::max<int64_t>(L, 1) * int64_t(nreg * targets.size()), [&](int64_t r0, int64_t r1) {
     thread_local std::vector<T> regs;  // reused across calls: decode runs hundreds of small programs per token
     thread_local std::vector<T> known;  // each Reduce step's value for the current row
