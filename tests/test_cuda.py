@@ -113,6 +113,16 @@ def test_device_array_round_trip(rng):
 
 
 @gpu
+def test_reads_through_the_staging_buffer(rng):
+    """Reads of 64 KiB to 16 MiB go through a page-locked staging buffer (grown as needed), the others directly:
+    every size reads back what was uploaded, also after a larger read grew the buffer."""
+    for n in [1000, 70_000, 300_000, 130_000, 5_000_000, 90_000]:  # 4 KB .. 20 MB of float32
+        arr = rng.data((n,)).astype(np.float32)
+        a = lm._core.cuda_upload(arr, "float32")
+        np.testing.assert_array_equal(a.numpy(), arr)
+
+
+@gpu
 def test_outputs_stay_on_the_device_until_read_and_feed_back(rng):
     g = lm.Graph()
     x = g.tensor((2, "n"), name="x")
@@ -295,6 +305,7 @@ def test_donated_scatter_writes_rows_in_place(rng):
         np.testing.assert_allclose(total.numpy(), want.sum(0), rtol=1e-5, atol=1e-5)
         if step:
             assert res.ptr == given.ptr, "the donated array was copied, not updated in place"
+            assert res is given, "an array updated in place comes back as the same Python object"
         given = res
         cache.set(res, donate=True)
     # Not donated: the scatter copies, and the input keeps its values from run to run.

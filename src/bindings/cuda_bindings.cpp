@@ -1,6 +1,7 @@
 // Bindings of the CUDA backend: availability, code generation (no GPU needed), NVRTC compilation, device arrays
 // and the runtime. CUDA failures raise luminal.CudaError.
 #include <map>
+#include <optional>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -137,7 +138,8 @@ void bind_cuda(py::module_& m) {
       .def("in_place_inputs", &Runtime::in_place_inputs)
       .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
       .def("last_times", &Runtime::last_times, "Host seconds of the last run: (plan, record, replay, wait for the device).")
-      .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated) {
+      .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated,
+                     std::optional<py::dict> kept) {
         std::unordered_map<int64_t, DeviceArray> in;
         for (auto [k, v] : inputs) in[k.cast<int64_t>()] = v.cast<DeviceArray>();
         Bindings b = bindings_of(dims);
@@ -146,11 +148,35 @@ void bind_cuda(py::module_& m) {
           py::gil_scoped_release release;  // host steps retake it for Python kernels
           out = rt.run(in, b, donated);
         }
+        // A result that is the same array as the object kept from the run before (a KV cache updated in place)
+        // comes back as that object: a decode step then makes one new Python object (the logits), not ~65.
         py::dict r;
-        for (auto& [id, a] : out) r[py::int_(id)] = a;
+        for (auto& [id, a] : out) {
+          py::int_ key(id);
+          if (kept) {
+            PyObject* o = PyDict_GetItem(kept->ptr(), key.ptr());  // borrowed; null when absent
+            if (o && py::isinstance<DeviceArray>(o)) {
+              const DeviceArray& old = py::handle(o).cast<const DeviceArray&>();
+              if (old.buf == a.buf && old.shape == a.shape && old.dtype == a.dtype) {
+                r[key] = py::handle(o);
+                continue;
+              }
+            }
+          }
+          r[key] = py::cast(std::move(a));
+        }
+        if (kept) {  // keeps only those updated in place: holding any other result would delay its buffer's reuse
+          kept->clear();
+          for (int64_t id : rt.last_in_place_outputs()) {
+            py::int_ key(id);
+            (*kept)[key] = r[key];
+          }
+        }
         return r;
-      }, py::arg("inputs"), py::arg("dims"), py::arg("donated") = std::vector<int64_t>{},
-      "Runs with `inputs` (only those changed since the last run are needed) and returns {output id: DeviceArray}.");
+      }, py::arg("inputs"), py::arg("dims"), py::arg("donated") = std::vector<int64_t>{}, py::arg("kept") = py::none(),
+      "Runs with `inputs` (only those changed since the last run are needed) and returns {output id: DeviceArray}. "
+      "`kept` (a dict the caller keeps between runs) holds the results updated in place; a result that is the same "
+      "array as the one kept is returned as that same object.");
 }
 
 }  // namespace luminal

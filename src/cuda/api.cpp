@@ -107,6 +107,8 @@ Driver load_driver() {
   bind(h, d.cuMemFree, "cuMemFree_v2", L);
   bind(h, d.cuMemcpyHtoD, "cuMemcpyHtoD_v2", L);
   bind(h, d.cuMemcpyDtoH, "cuMemcpyDtoH_v2", L);
+  bind(h, d.cuMemAllocHost, "cuMemAllocHost_v2", L);
+  bind(h, d.cuMemFreeHost, "cuMemFreeHost", L);
   bind(h, d.cuMemcpyDtoD, "cuMemcpyDtoD_v2", L);
   bind(h, d.cuMemsetD8, "cuMemsetD8_v2", L);
   bind(h, d.cuMemGetInfo, "cuMemGetInfo_v2", L);

@@ -128,9 +128,30 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
   return a;
 }
 
+// Reads of 64 KiB to 16 MiB (a decode step's logits: 0.5 MB for a 128k vocabulary) go through one page-locked
+// staging buffer: the device writes it at full PCIe speed and a memcpy moves it on, where a copy into pageable
+// memory is staged by the driver in small pieces. Smaller reads are latency-bound, larger ones rare.
 void download(const DeviceArray& a, void* host) {
   set_context();
-  if (a.nbytes()) check(driver().cuMemcpyDtoH(host, a.buf->ptr, a.nbytes()), "cuMemcpyDtoH");
+  size_t n = a.nbytes();
+  if (n < (size_t(64) << 10) || n > (size_t(16) << 20)) {
+    if (n) check(driver().cuMemcpyDtoH(host, a.buf->ptr, n), "cuMemcpyDtoH");
+    return;
+  }
+  static std::mutex mu;
+  static void* staging = nullptr;  // kept for the process (freeing page-locked memory may synchronise)
+  static size_t staging_bytes = 0;
+  std::lock_guard<std::mutex> l(mu);
+  if (staging_bytes < n) {
+    size_t want = size_class(n);
+    void* p = nullptr;
+    check(driver().cuMemAllocHost(&p, want), "cuMemAllocHost");
+    if (staging) check(driver().cuMemFreeHost(staging), "cuMemFreeHost");
+    staging = p;
+    staging_bytes = want;
+  }
+  check(driver().cuMemcpyDtoH(staging, a.buf->ptr, n), "cuMemcpyDtoH");
+  std::memcpy(host, staging, n);
 }
 
 DeviceArray convert(const DeviceArray& a, DType to) {
@@ -272,7 +293,13 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     }
     std::sort(vars.begin(), vars.end());
     vars.erase(std::unique(vars.begin(), vars.end()), vars.end());
-    step_vars_.push_back(std::move(vars));
+    uint64_t mask = 0;
+    for (auto& v : vars) {
+      size_t k = std::find(var_names_.begin(), var_names_.end(), v) - var_names_.begin();
+      if (k == var_names_.size()) var_names_.push_back(v);
+      mask |= uint64_t(1) << std::min<size_t>(k, 63);
+    }
+    step_vars_.push_back(mask);
     // A Scatter may write its rows into its destination when that is an input only it reads, as stored, in the
     // same dtype (the CPU executor's rule); the run does so when the caller donated that input.
     const Edge* dest = n.op == Op::Scatter && st.kind == Step::Kernel ? &n.inputs[0] : nullptr;
@@ -328,15 +355,13 @@ void Runtime::build_plan(const Bindings& dims) {
   }
   Plan& P = *plan_;
   // A step is evaluated again when a dim it depends on changed (or was never bound: evaluating then names it).
-  auto stale = [&](size_t i) {
-    if (first) return true;
-    for (auto& v : step_vars_[i]) {
-      auto a = P.dims.find(v);
-      auto b = dims.find(v);
-      if (a == P.dims.end() || b == dims.end() || a->second != b->second) return true;
-    }
-    return false;
-  };
+  uint64_t changed = 0;
+  for (size_t k = 0; k < var_names_.size(); ++k) {
+    auto a = P.dims.find(var_names_[k]);
+    auto b = dims.find(var_names_[k]);
+    if (a == P.dims.end() || b == dims.end() || a->second != b->second) changed |= uint64_t(1) << std::min<size_t>(k, 63);
+  }
+  auto stale = [&](size_t i) { return first || (step_vars_[i] & changed) != 0; };
   size_t lo_slot = P.params.size(), hi_slot = 0;  // the range of the parameter block that changed
   bool iota_changed = false;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
@@ -367,7 +392,8 @@ void Runtime::build_plan(const Bindings& dims) {
     P.items[i] = P.items2[i] = 0;
     P.variant[i] = 0;
     P.grid[i] = {1, 1, 1};
-    std::vector<int64_t> p(st.nparams, 0);
+    int64_t* p = P.params.data() + P.slot[i];  // the step's slice of the block, written in place
+    std::fill(p, p + st.nparams, 0);
     p[0] = st.node;
     std::vector<ConcreteView> cv;
     for (size_t k = 0; k < st.views.size(); ++k) {
@@ -466,9 +492,8 @@ void Runtime::build_plan(const Bindings& dims) {
       P.items2[i] = p[2];
     }
     p[1] = P.items[i];
-    std::copy(p.begin(), p.end(), P.params.begin() + P.slot[i]);
     lo_slot = std::min(lo_slot, P.slot[i]);
-    hi_slot = std::max(hi_slot, P.slot[i] + p.size());
+    hi_slot = std::max(hi_slot, P.slot[i] + size_t(st.nparams));
   }
   P.dims = dims;
   // The arena: each intermediate gets an offset no buffer alive at the same time overlaps (first fit). Planned for
@@ -809,6 +834,18 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     const char* what[] = {"", "a padded view reads outside its buffer", "an index is out of range for the table's rows",
                           "an index is out of range for the destination's rows"};
     throw std::out_of_range(op + " (node " + std::to_string(node) + "): " + what[code % 4]);
+  }
+  // The results that are a donated input's own array (sorted buffer addresses: ~65 lookups per decode step).
+  in_place_outputs_.clear();
+  if (!donated.empty()) {
+    std::vector<const DeviceBuffer*> bufs;
+    for (int64_t d : donated) {
+      auto in = inputs_.find(d);
+      if (in != inputs_.end() && in->second.buf) bufs.push_back(in->second.buf.get());
+    }
+    std::sort(bufs.begin(), bufs.end());
+    for (auto& [id, a] : results)
+      if (a.buf && std::binary_search(bufs.begin(), bufs.end(), a.buf.get())) in_place_outputs_.push_back(id);
   }
   return results;
 }

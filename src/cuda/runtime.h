@@ -55,6 +55,9 @@ class Runtime {
   std::array<double, 4> last_times() const { return times_; }
   // Inputs that a Scatter may update in place when donated (their device arrays are then overwritten).
   std::vector<int64_t> in_place_inputs() const;
+  // Outputs of the last run that are a donated input's own array, updated in place (the KV caches of a decode
+  // step): the same buffer as the run before, so the caller may keep using the object it already has for them.
+  const std::vector<int64_t>& last_in_place_outputs() const { return in_place_outputs_; }
 
  private:
   struct Plan;
@@ -73,7 +76,10 @@ class Runtime {
   static Num num(const Expr& e);
   std::vector<std::vector<Num>> shape_nums_;            // per node
   std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
-  std::vector<std::vector<std::string>> step_vars_;     // per step: the dims its numbers depend on
+  // The dims each step's numbers depend on, as bits over var_names_ (a var past the 63rd shares bit 63): a new plan
+  // finds the dims that changed once, then each step's staleness is one AND (not string lookups per step).
+  std::vector<std::string> var_names_;
+  std::vector<uint64_t> step_vars_;
   std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
   void build_plan(const Bindings& dims);
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
@@ -108,6 +114,7 @@ class Runtime {
   std::vector<Launch> pending_;
   size_t npending_ = 0, launched_ = 0, nchunk_ = 0;  // launches recorded into the current chunk; chunks this run
   std::array<double, 4> times_{};
+  std::vector<int64_t> in_place_outputs_;
   std::vector<Chunk> chunks_;
   void replay(size_t n);  // the current chunk's n launches
   void execute(const Launch& l);
