@@ -222,77 +222,64 @@ __attribute__((target("avx2"))) inline __m256i block_totals(const __m256i* p) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-// The first two float16s of the blocks of `live` lanes (BB bytes apart; the others read as zero) as floats: a
-// block's scale, and Q4_1's minimum.
-template <int BB>
-__attribute__((target("avx2,f16c"))) inline void block_halves(const uint8_t* w, __m256i live, __m256& first,
-                                                                __m256& second) {
-  const __m256i at = _mm256_setr_epi32(0, BB, 2 * BB, 3 * BB, 4 * BB, 5 * BB, 6 * BB, 7 * BB);
-  __m256i raw = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(w), at, live, 1);
-  // Per 128-bit half: the low float16 of each lane into bytes 0-7, the high one into bytes 8-15; then the 64-bit
-  // pieces in the order low(0), low(1), high(0), high(1).
-  const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-  __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, split), 0xD8);
-  first = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-  second = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-}
-
-// Blocks go eight at a time: each block's integer dot product is totalled in one lane, so the scales (fetched with
-// one gather) apply with one multiply-add for all eight, instead of scalar work per block. The last 1-7 blocks
-// are a group with the missing lanes masked off.
-template <int BB>
-__attribute__((target("avx2,fma,f16c"))) inline void group_q8(const uint8_t* w, const __m256i* p, __m256i live,
-                                                                const float* d, const float* s, __m256& acc,
-                                                                __m256& mins, bool full = false) {
-  __m256 dw, mw;
-  if (BB == 34 && full) {  // Q8_0's eight scales by 16-bit inserts: cheaper than a gather on Zen 3
-    auto at = [&](int j) {
-      uint16_t h;
-      std::memcpy(&h, w + j * BB, 2);
-      return int(h);
-    };
-    __m128i h = _mm_cvtsi32_si128(at(0));
-    h = _mm_insert_epi16(h, at(1), 1);
-    h = _mm_insert_epi16(h, at(2), 2);
-    h = _mm_insert_epi16(h, at(3), 3);
-    h = _mm_insert_epi16(h, at(4), 4);
-    h = _mm_insert_epi16(h, at(5), 5);
-    h = _mm_insert_epi16(h, at(6), 6);
-    h = _mm_insert_epi16(h, at(7), 7);
-    dw = _mm256_cvtph_ps(h);
-    mw = dw;
-  } else {
-    block_halves<BB>(w, live, dw, mw);
-  }
-  acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_maskload_ps(d, live)), _mm256_cvtepi32_ps(block_totals(p)), acc);
-  if (BB == 20) mins = _mm256_fmadd_ps(mw, _mm256_maskload_ps(s, live), mins);
-  if (BB == 18) mins = _mm256_fmadd_ps(dw, _mm256_maskload_ps(s, live), mins);
-}
-
-template <int BB>
-__attribute__((target("avx2,fma,f16c"))) inline float dot_q8_avx2(const uint8_t* w, const int8_t* q, const float* d,
-                                                                    const float* s, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
+// Q8_0: blocks go eight at a time; each block's integer dot product is totalled in one lane, so the eight scales
+// apply with one multiply-add instead of scalar work per block. The scales are put together by 16-bit inserts
+// (cheaper than a gather on Zen 3); the last 1-7 blocks are a group with the missing lanes zero.
+__attribute__((target("avx2,fma,f16c"))) inline float dot_q8_0_avx2(const uint8_t* w, const int8_t* q,
+                                                                      const float* d, int64_t nb) {
+  constexpr int BB = 34;
+  auto half_at = [](const uint8_t* x) {
+    uint16_t h;
+    std::memcpy(&h, x, 2);
+    return int(h);
+  };
+  __m256 acc = _mm256_setzero_ps();
   __m256i p[8];
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
     for (int j = 0; j < 8; ++j) p[j] = block_dot_q8<BB>(w + j * BB, q + 32 * j);
-    group_q8<BB>(w, p, _mm256_set1_epi32(-1), d + b, s + b, acc, mins, true);
+    __m128i h = _mm_cvtsi32_si128(half_at(w));
+    h = _mm_insert_epi16(h, half_at(w + BB), 1);
+    h = _mm_insert_epi16(h, half_at(w + 2 * BB), 2);
+    h = _mm_insert_epi16(h, half_at(w + 3 * BB), 3);
+    h = _mm_insert_epi16(h, half_at(w + 4 * BB), 4);
+    h = _mm_insert_epi16(h, half_at(w + 5 * BB), 5);
+    h = _mm_insert_epi16(h, half_at(w + 6 * BB), 6);
+    h = _mm_insert_epi16(h, half_at(w + 7 * BB), 7);
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(d + b)),
+                          _mm256_cvtepi32_ps(block_totals(p)), acc);
   }
   if (int left = int(nb - b)) {
-    for (int j = 0; j < 8; ++j) p[j] = j < left ? block_dot_q8<BB>(w + j * BB, q + 32 * j) : _mm256_setzero_si256();
+    alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < 8; ++j) {
+      p[j] = j < left ? block_dot_q8<BB>(w + j * BB, q + 32 * j) : _mm256_setzero_si256();
+      if (j < left) h[j] = uint16_t(half_at(w + j * BB));
+    }
     __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    group_q8<BB>(w, p, live, d + b, s + b, acc, mins);
+    __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_maskload_ps(d + b, live)), _mm256_cvtepi32_ps(block_totals(p)),
+                          acc);
   }
-  // Q4_1: + min * sum(activations); Q4_0 stores weights + 8: - 8 * scale * sum(activations).
-  return hsum(BB == 18 ? _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), mins, acc) : _mm256_add_ps(acc, mins));
+  return hsum(acc);
 }
 
-// Q4_0/Q4_1 eight blocks at a time, two blocks per vector: 32 nibble bytes (two blocks) against activations laid
-// out by pair_activations, so one mask and one shift unpack both blocks, and the block totals come out of a
-// three-step add tree in the order 0 2 4 6 1 3 5 7, the order in which four unaligned loads bring the blocks'
-// scales (no gather: measured ~9 cycles a group on Zen 3). Then the leftover pairs, then an odd last block.
+// Two Q4 blocks (BB bytes each, their nibbles after H header bytes) against activations laid out by
+// pair_activations: one mask and one shift unpack both; 8 int32 lanes, the first block's partial sums in the low
+// half. Each maddubs pair sum is at most 2 * 15 * 127, so two of them add without overflow in 16 bits.
+template <int BB, int H>
+__attribute__((target("avx2"))) inline __m256i pair_dot_q4(const uint8_t* w, const int8_t* q) {
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + BB + H), reinterpret_cast<const __m128i*>(w + H));
+  __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+  __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(hi, c)),
+                           _mm256_set1_epi16(1));
+}
+
+// Q4_0/Q4_1 eight blocks at a time, two blocks per vector (pair_dot_q4): the block totals come out of a three-step
+// add tree in the order 0 2 4 6 1 3 5 7, the order in which four unaligned loads bring the blocks' scales (no
+// gather: measured ~9 cycles a group on Zen 3). Then the leftover pairs, then an odd last block.
 template <int BB>
 __attribute__((target("avx2,fma,f16c"))) inline float dot_q4_pairs_avx2(const uint8_t* w, const int8_t* q,
                                                                           const float* d, const float* s, int64_t nb) {
@@ -303,12 +290,16 @@ __attribute__((target("avx2,fma,f16c"))) inline float dot_q4_pairs_avx2(const ui
     alignas(32) int8_t m[4][32];
     Masks() {
       for (int k = 0; k < 4; ++k)
-        for (int i = 0; i < 32; ++i) m[k][i] = i % 16 >= 4 * k && i % 16 < 4 * k + H ? int8_t(i % 16 - 4 * k + (i < 16 ? 0 : BB - 16)) : -1;
+        for (int i = 0; i < 32; ++i)
+          m[k][i] = i % 16 >= 4 * k && i % 16 < 4 * k + H ? int8_t(i % 16 - 4 * k + (i < 16 ? 0 : BB - 16)) : -1;
     }
   };
   static const Masks masks;
   const __m256i* pick = reinterpret_cast<const __m256i*>(masks.m);
-  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  // Per 128-bit half: the low float16 of each lane into bytes 0-7, the high one into bytes 8-15; then the 64-bit
+  // pieces in the order low(0), low(1), high(0), high(1).
+  const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
   __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
   int64_t b = 0;
   for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
@@ -318,38 +309,29 @@ __attribute__((target("avx2,fma,f16c"))) inline float dot_q4_pairs_avx2(const ui
       const uint8_t* pair = w + 2 * k * BB;
       raw = _mm256_or_si256(raw, _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)),
                                                      pick[k]));
-      __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(pair + BB + H),
-                                      reinterpret_cast<const __m128i*>(pair + H));
-      __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-      __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * k));
-      __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * k + 32));
-      // Each maddubs pair sum is at most 2 * 15 * 127, so two of them add without overflow in 16 bits.
-      v[k] = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(hi, c)), ones);
+      v[k] = pair_dot_q4<BB, H>(pair, q + 64 * k);
     }
     __m256i totals = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
     __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, split), 0xD8);
     __m256 dw = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
     acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(d + b)), _mm256_cvtepi32_ps(totals), acc);
     if (BB == 20) mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(s + b), mins);
     else mins = _mm256_fmadd_ps(dw, _mm256_loadu_ps(s + b), mins);
   }
-  // Leftover pairs: the same unpacking, each half's scale applied on its own.
+  // Leftover pairs, each half's scale applied on its own; an odd last block (laid out as usual) the same way.
   float extra = 0;
-  for (; b + 2 <= nb; b += 2, w += 2 * BB, q += 64) {
-    __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + BB + H),
-                                    reinterpret_cast<const __m128i*>(w + H));
-    __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
-    __m256i v = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(hi, c)), ones);
-    float d0 = half_f16c(w), d1 = half_f16c(w + BB);
-    __m256 scale = _mm256_set_m128(_mm_set1_ps(d1 * d[b + 1]), _mm_set1_ps(d0 * d[b]));
+  for (; b < nb; b += 2, w += 2 * BB, q += 64) {
+    bool pair = b + 1 < nb;
+    __m256i v = pair ? pair_dot_q4<BB, H>(w, q) : block_dot_q8<BB>(w, q);
+    float d0 = half_f16c(w), d1 = pair ? half_f16c(w + BB) : 0.0f;
+    // A lone block's 8 lanes all belong to it; a pair's low half is its first block, its high half the second.
+    __m256 scale = _mm256_set_m128(_mm_set1_ps(pair ? d1 * d[b + 1] : d0 * d[b]), _mm_set1_ps(d0 * d[b]));
     acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(v), acc);
-    extra += BB == 20 ? half_f16c(w + 2) * s[b] + half_f16c(w + BB + 2) * s[b + 1] : -8.0f * (d0 * s[b] + d1 * s[b + 1]);
+    for (int j = 0; j < (pair ? 2 : 1); ++j) {
+      const uint8_t* wj = w + j * BB;
+      extra += BB == 20 ? half_f16c(wj + 2) * s[b + j] : -8.0f * half_f16c(wj) * s[b + j];
+    }
   }
-  if (b < nb) extra += dot_q8_avx2<BB>(w, q, d + b, s + b, 1);  // an odd last block, laid out as usual
   return hsum(BB == 18 ? _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), mins, acc) : _mm256_add_ps(acc, mins)) + extra;
 }
 
@@ -570,7 +552,7 @@ inline void pair_activations(int8_t* q, float* d, float* s, int64_t nb) {
 inline float dot_q8(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s, int64_t nb) {
 #ifdef LUMINAL_X86
   if (have_avx2()) {
-    if (block_bytes == 34) return dot_q8_avx2<34>(w, q, d, s, nb);
+    if (block_bytes == 34) return dot_q8_0_avx2(w, q, d, nb);
     if (block_bytes == 20) return dot_q4_pairs_avx2<20>(w, q, d, s, nb);
     return dot_q4_pairs_avx2<18>(w, q, d, s, nb);
   }
