@@ -138,13 +138,8 @@ void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings
       bool src_plain = src.dtype == n.dtype && src.v.is_plain(src.v.shape) && src.size >= src_numel;
       // Rows of the same dtype through an unpadded strided view (the V rows of a stacked q/k/v product): copied
       // element by element without the double round trip, every offset inside the buffer (checked once).
-      bool src_strided = !src_plain && src.dtype == n.dtype && !src.v.masked && src_numel > 0;
-      if (src_strided) {
-        int64_t lo = src.v.offset, hi = src.v.offset;
-        for (size_t d = 0; d < src.v.shape.size(); ++d)
-          (src.v.strides[d] < 0 ? lo : hi) += (src.v.shape[d] - 1) * src.v.strides[d];
-        src_strided = lo >= 0 && hi < src.size;
-      }
+      bool src_strided = !src_plain && src.dtype == n.dtype && !src.v.masked && src_numel > 0 &&
+                         src.v.reads_within(src.size);
       size_t ni = index.v.shape.size();
       std::vector<int64_t> s_idx(src.v.shape.size());
       for_each_index(index.v.shape, [&](int64_t mi, const int64_t* m) {

@@ -226,6 +226,16 @@ bool operator==(const View& a, const View& b) {
   return a.shape == b.shape && a.strides == b.strides && a.offset == b.offset && a.mask == b.mask;
 }
 
+bool ConcreteView::reads_within(int64_t numel) const {
+  int64_t lo = offset, hi = offset;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return true;
+    int64_t span = (shape[d] - 1) * strides[d];
+    (span < 0 ? lo : hi) += span;
+  }
+  return lo >= 0 && hi < numel;
+}
+
 ConcreteView::ConcreteView(const View& v, const Bindings& b) {
   offset = v.offset.eval(b);
   for (size_t i = 0; i < v.rank(); ++i) {

@@ -45,6 +45,8 @@ struct ConcreteView {
   ConcreteView() = default;
   // Reads a buffer of `shape` exactly as stored.
   bool is_plain(const std::vector<int64_t>& shape) const;
+  // Every element an (unmasked) read can reach lies in a buffer of `numel` elements; an empty view reads nothing.
+  bool reads_within(int64_t numel) const;
   ConcreteView(const View& v, const Bindings& b);
 };
 

@@ -72,16 +72,17 @@ __device__ __forceinline__ void ld8_float32(const void* b, i64 o, float* x) {
   float4 u = q[0], v = q[1];
   x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
 }
-__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) {
-  uint4 u = *(const uint4*)((const u16*)b + o);
+// Eight 16-bit values (16 bytes) widened to float.
+__device__ __forceinline__ void cvt8_float16(uint4 u, float* x) {
   unsigned w[4] = {u.x, u.y, u.z, u.w};
   for (int j = 0; j < 4; ++j) { x[2 * j] = f16_f32((u16)(w[j] & 0xffff)); x[2 * j + 1] = f16_f32((u16)(w[j] >> 16)); }
 }
-__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) {
-  uint4 u = *(const uint4*)((const u16*)b + o);
+__device__ __forceinline__ void cvt8_bfloat16(uint4 u, float* x) {
   unsigned w[4] = {u.x, u.y, u.z, u.w};
   for (int j = 0; j < 4; ++j) { x[2 * j] = __uint_as_float(w[j] << 16); x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u); }
 }
+__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) { cvt8_float16(*(const uint4*)((const u16*)b + o), x); }
+__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(*(const uint4*)((const u16*)b + o), x); }
 // The same, streamed: read-only, not kept in L1 (weights read once per step).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 u;
@@ -93,16 +94,8 @@ __device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) {
   x[0] = __uint_as_float(u.x); x[1] = __uint_as_float(u.y); x[2] = __uint_as_float(u.z); x[3] = __uint_as_float(u.w);
   x[4] = __uint_as_float(v.x); x[5] = __uint_as_float(v.y); x[6] = __uint_as_float(v.z); x[7] = __uint_as_float(v.w);
 }
-__device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) {
-  uint4 u = ld_stream16((const u16*)b + o);
-  unsigned w[4] = {u.x, u.y, u.z, u.w};
-  for (int j = 0; j < 4; ++j) { x[2 * j] = f16_f32((u16)(w[j] & 0xffff)); x[2 * j + 1] = f16_f32((u16)(w[j] >> 16)); }
-}
-__device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) {
-  uint4 u = ld_stream16((const u16*)b + o);
-  unsigned w[4] = {u.x, u.y, u.z, u.w};
-  for (int j = 0; j < 4; ++j) { x[2 * j] = __uint_as_float(w[j] << 16); x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u); }
-}
+__device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ld_stream16((const u16*)b + o), x); }
+__device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ld_stream16((const u16*)b + o), x); }
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -317,10 +310,9 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
     }
     return body.str();
   };
-  std::vector<char> all(prog.code.size(), 1);
-  Text body;
-  body << body_of(all, size_t(-1));
   if (prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
+  Text body;
+  body << body_of(std::vector<char>(prog.code.size(), 1), size_t(-1));
   std::string res = "r" + std::to_string(prog.code.size() - 1);
   std::string st_fn = std::string("st_") + dtype_name(n.dtype);
   Text k;

@@ -12,18 +12,11 @@
 namespace luminal {
 namespace {
 
-
 // Unmasked float32 views inside their buffers (checked once per run, not per element).
 void check_operand(const KernelArg& a, const char* what) {
   const ConcreteView& v = a.view;
   if (a.buf->dtype != DType::F32 || v.masked) throw std::logic_error(std::string("Attention: bad ") + what);
-  int64_t lo = v.offset, hi = v.offset;
-  for (size_t d = 0; d < v.shape.size(); ++d) {
-    if (v.shape[d] == 0) return;
-    int64_t span = (v.shape[d] - 1) * v.strides[d];
-    (span < 0 ? lo : hi) += span;
-  }
-  if (lo < 0 || hi >= a.buf->numel())
+  if (!v.reads_within(a.buf->numel()))
     throw std::out_of_range(std::string("Attention: the ") + what + " view reads outside its buffer");
 }
 

@@ -43,5 +43,4 @@ struct Program;
 void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
                       const float* given_row, float* out);
 
-
 }  // namespace luminal

@@ -1,6 +1,7 @@
 // A packed float32 GEMM for large products (prefill of float models): C = A B^T, each operand read through any
-// strides (packing makes them contiguous). Cache-blocked the usual way: a block of k (KC) of B is packed into panels of NR columns (shared by the
-// threads), each thread packs MC rows of A into panels of MR rows, and a 6 x 16 register tile runs over them.
+// strides (packing makes them contiguous). Cache-blocked the usual way: a block of k (KC) of B is packed into
+// panels of NR columns (shared by the threads), each thread packs MC rows of A into panels of MR rows, and a 6 x 16
+// register tile runs over them.
 #include <algorithm>
 #include <vector>
 

@@ -10,16 +10,7 @@ namespace luminal {
 namespace {
 
 // The range of element offsets an unmasked view can touch.
-bool in_bounds(const KernelArg& a) {
-  const ConcreteView& v = a.view;
-  int64_t lo = v.offset, hi = v.offset;
-  for (size_t d = 0; d < v.shape.size(); ++d) {
-    if (v.shape[d] == 0) return true;
-    int64_t span = (v.shape[d] - 1) * v.strides[d];
-    (span < 0 ? lo : hi) += span;
-  }
-  return lo >= 0 && hi < a.buf->numel();
-}
+bool in_bounds(const KernelArg& a) { return a.view.reads_within(a.buf->numel()); }
 
 // Copies a float32 operand whose reduced (last) axis is strided into a buffer where that axis is contiguous,
 // keeping broadcast (stride-0) dims broadcast so nothing is duplicated. Returns the packed argument.
