@@ -279,6 +279,34 @@ def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
 
 
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
+    """Matrix-vector products of one activation run as one kernel on the GPU (q/k), and an elementwise step that
+    alone reads some of them is computed as they store (a residual add; silu(gate) * up from two products). Prefill
+    (5 rows) runs the same steps one by one. Both against float64 numpy."""
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    x, res = rng.data((tokens, 64)).astype(np.float32), rng.data((tokens, 32)).astype(np.float32)
+    ws = {k: rng.data((n, 64)).astype(np.float32) for k, n in (("q", 40), ("k", 24), ("o", 32), ("g", 48), ("u", 48))}
+    g = lm.Graph()
+    xt = g.tensor((tokens, 64), name="x").set(x)
+    rt = g.tensor((tokens, 32), name="res").set(res)
+    w = {k: g.tensor(v.shape, name=k).set(v) for k, v in ws.items()}
+    q, k = (xt @ w["q"].T).output(), (xt @ w["k"].T).output()
+    r = (rt + xt @ w["o"].T).output()
+    m = ((xt @ w["g"].T).silu() * (xt @ w["u"].T)).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    x64 = x.astype(np.float64)
+    p = {k: x64 @ v.T.astype(np.float64) for k, v in ws.items()}
+    wants = [p["q"], p["k"], res + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]]
+    for o, want in zip((q, k, r, m), wants):
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
+    if backend.name == "cuda":  # q/k, o + res, gate/up + silu * up: 3 kernels; one by one: 7
+        assert g._runtime.rt.last_launches() == (3 if tokens == 1 else 7)
+
+
 @gpu
 def test_donated_scatter_writes_rows_in_place(rng):
     """A Scatter whose destination is a donated input that only it reads writes its rows into that input's device

@@ -90,6 +90,11 @@ void bind_cuda(py::module_& m) {
             if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
           }
         }
+        for (auto& G : s.groups) {  // e.g. "MatMul x3/group", "MatMul x2+Fused/group"
+          std::string what = "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group";
+          std::string& o = out[G.fn];
+          if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
+        }
         return out;
       })
       .def("host_steps", [](const Schedule& s) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -247,6 +248,10 @@ class Generator {
     return s;
   }
 
+  bool double_registers(const Program& prog, const Node& n) const;
+  std::string program_body(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                           const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
+                           const std::map<int, std::string>& given = {}) const;
   std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
@@ -256,59 +261,76 @@ class Generator {
   Step scatter_step(const Node& n);
   Step qmatmul_step(const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
+  void group_matvecs();
+  template <class Members, class Epilogue>
+  std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
   Step dequant_step(const Node& n, int block_bytes);
 };
 
-std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
-  bool reduce = prog.reduce != Op::Input;
-  // Registers are float unless a value may be an integer float cannot hold exactly.
+// Registers are float unless a value may be an integer float cannot hold exactly.
+bool Generator::double_registers(const Program& prog, const Node& n) const {
   bool dbl = is_int(n.dtype);
   for (auto& in : prog.code) {
     if (is_int(in.dtype)) dbl = true;
     if (in.kind == Instr::Load && is_int(storage(n.inputs[in.input].node))) dbl = true;
     if (in.kind == Instr::Imm && double(float(in.imm)) != in.imm && !std::isnan(in.imm)) dbl = true;
   }
+  return dbl;
+}
+
+// The statements computing the needed registers of `prog` at element `idx` (a Reduce step not computed here reads
+// its row's value, `k<i>`, known by then). `given`: input edges whose value is already in a variable (a
+// matrix-vector epilogue's accumulators), used instead of a load.
+std::string Generator::program_body(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                                    const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
+                                    const std::map<int, std::string>& given) const {
+  Text body;
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    if (!need[i] || i == skip) continue;
+    const Instr& in = prog.code[i];
+    std::string r = "r" + std::to_string(i);
+    body << "    " << T << " " << r << ";\n";
+    if (in.kind == Instr::Load) {
+      auto g = given.find(in.input);
+      if (g != given.end()) body << "    " << r << " = (" << T << ")" << g->second << ";\n";
+      else body << load(st.views[in.input], idx, "in" + std::to_string(in.input), storage(n.inputs[in.input].node), T, r);
+      continue;
+    }
+    if (in.kind == Instr::Imm) {
+      body << "    " << r << " = " << lit(in.imm, !dbl) << ";\n";
+      continue;
+    }
+    if (in.kind == Instr::Reduce) {
+      body << "    " << r << " = k" << int(i) << ";\n";
+      continue;
+    }
+    std::string a = "r" + std::to_string(in.a), b = in.b >= 0 ? "r" + std::to_string(in.b) : "";
+    std::string e;
+    switch (in.op) {
+      case Op::Log2: e = "op_log2(" + a + ")"; break;
+      case Op::Exp2: e = "op_exp2(" + a + ")"; break;
+      case Op::Sin: e = "op_sin(" + a + ")"; break;
+      case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
+      case Op::Recip: e = "(" + T + ")1 / " + a; break;
+      case Op::Add: e = a + " + " + b; break;
+      case Op::Mul: e = a + " * " + b; break;
+      case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
+      case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
+      default: e = a; break;  // Cast / copy: the rounding does the work
+    }
+    body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
+  }
+  return body.str();
+}
+
+std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
+  bool reduce = prog.reduce != Op::Input;
+  bool dbl = double_registers(prog, n);
   std::string T = dbl ? "double" : "float";
   int R = st.views.empty() ? 0 : st.views[0].rank;
   std::vector<std::string> idx = names("i", 0, R);
-  // The statements computing the needed registers at element idx (a Reduce step not computed here reads its row's
-  // value, `k<i>`, known by then).
   auto body_of = [&](const std::vector<char>& need, size_t skip) {
-    Text body;
-    for (size_t i = 0; i < prog.code.size(); ++i) {
-      if (!need[i] || i == skip) continue;
-      const Instr& in = prog.code[i];
-      std::string r = "r" + std::to_string(i);
-      body << "    " << T << " " << r << ";\n";
-      if (in.kind == Instr::Load) {
-        body << load(st.views[in.input], idx, "in" + std::to_string(in.input), storage(n.inputs[in.input].node), T, r);
-        continue;
-      }
-      if (in.kind == Instr::Imm) {
-        body << "    " << r << " = " << lit(in.imm, !dbl) << ";\n";
-        continue;
-      }
-      if (in.kind == Instr::Reduce) {
-        body << "    " << r << " = k" << int(i) << ";\n";
-        continue;
-      }
-      std::string a = "r" + std::to_string(in.a), b = in.b >= 0 ? "r" + std::to_string(in.b) : "";
-      std::string e;
-      switch (in.op) {
-        case Op::Log2: e = "op_log2(" + a + ")"; break;
-        case Op::Exp2: e = "op_exp2(" + a + ")"; break;
-        case Op::Sin: e = "op_sin(" + a + ")"; break;
-        case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
-        case Op::Recip: e = "(" + T + ")1 / " + a; break;
-        case Op::Add: e = a + " + " + b; break;
-        case Op::Mul: e = a + " * " + b; break;
-        case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
-        case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
-        default: e = a; break;  // Cast / copy: the rounding does the work
-      }
-      body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
-    }
-    return body.str();
+    return program_body(prog, st, n, T, dbl, idx, need, skip);
   };
   if (prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
   Text body;
@@ -367,7 +389,7 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
     return op == Op::SumReduce ? "acc + " + x : "op_max(acc, " + x + ")";
   };
   Text k;
-  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(int(n.inputs.size())) << " {\n"
+  k << "extern \"C\" __global__ __launch_bounds__(1024) void NAME" << params(int(n.inputs.size())) << " {\n"
     << "  __shared__ " << T << " part[32];\n"
     << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
   if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
@@ -376,7 +398,7 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
     if (in.kind != Instr::Reduce) continue;
     std::string a = "r" + std::to_string(in.a);
     k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << init(in.op) << ";\n"
-      << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
       << body_of(prog.needed_for(i), i) << "    acc = " << combine(in.op, a) << ";\n    }\n"
       << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
       << (in.op == Op::SumReduce ? "true" : "false") << ", part));\n    }\n";
@@ -384,12 +406,12 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
   size_t last = prog.code.size() - 1;
   std::string res = "r" + std::to_string(last);
   if (prog.reduce == Op::Input) {
-    k << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+    k << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
       << body_of(prog.needed_for(last), size_t(-1)) << "    " << st_fn << "(out, row * p[2] + " << j << ", " << res
       << ");\n    }\n";
   } else {
     k << "    {\n    " << T << " acc = " << init(prog.reduce) << ";\n"
-      << "    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
       << body_of(prog.needed_for(last), size_t(-1)) << "    acc = " << combine(prog.reduce, res) << ";\n    }\n"
       << "    acc = block_reduce(acc, " << (prog.reduce == Op::SumReduce ? "true" : "false") << ", part);\n"
       << "    if (threadIdx.x == 0) " << st_fn << "(out, row, acc);\n    }\n";
@@ -688,6 +710,237 @@ Step Generator::dequant_step(const Node& n, int bb) {
   return st;
 }
 
+// Matrix-vector products that read the same activations (a layer's q/k/v, or gate and up) become one launch, and an
+// elementwise step that is the only reader of some of them (the residual add after o or down, SwiGLU's
+// silu(gate) * up) is computed as they store, so that their results never go through memory. A decode step then
+// launches 4 matrix-vector kernels per Llama layer instead of 7, and 3 elementwise kernels fewer.
+// The runtime uses the group's kernel when every member takes the matrix-vector path and runs the steps one by one
+// otherwise (prefill), so the group's steps are moved next to each other (they only read what is ready by then).
+void Generator::group_matvecs() {
+  std::vector<Step>& steps = sched_.steps;
+  size_t ns = steps.size();
+  std::vector<long> at(g_.size(), -1), reader(g_.size(), -1);
+  std::vector<int> reads(g_.size(), 0);
+  for (size_t i = 0; i < ns; ++i) {
+    at[steps[i].node] = long(i);
+    for (auto& e : g_.node(steps[i].node).inputs) {
+      reads[e.node]++;
+      reader[e.node] = long(i);
+    }
+  }
+  auto leaf = [&](long i) {
+    return steps[i].kind == Step::Input || steps[i].kind == Step::Constant || steps[i].kind == Step::Iota;
+  };
+  // Step s's inputs are ready at step g0 (other than the nodes in `except`).
+  auto ready = [&](size_t s, size_t g0, const std::vector<int64_t>& except) {
+    for (auto& e : g_.node(steps[s].node).inputs) {
+      long p = at[e.node];
+      bool skip = std::find(except.begin(), except.end(), e.node) != except.end();
+      if (!skip && p >= long(g0) && !leaf(p)) return false;
+    }
+    return true;
+  };
+  // The elementwise step that is matmul step i's only reader, reading it as stored at its own shape; or -1.
+  auto epilogue_of = [&](size_t i) -> long {
+    int64_t id = steps[i].node;
+    long f = reader[id];
+    if (reads[id] != 1 || f < 0) return -1;
+    const Step& fs = steps[f];
+    const Node& fn = g_.node(fs.node);
+    bool ok = fs.kind == Step::Kernel && fs.program && fs.gemv_fn.empty() && fs.launch == Step::PerElement &&
+              fs.program->reduce == Op::Input && !fs.program->has_row_reductions() && fn.op != Op::Output &&
+              fn.shape == g_.node(id).shape;
+    for (auto& e : fn.inputs)
+      if (e.node == id) ok = ok && is_plain(g_, e);
+    return ok ? f : -1;
+  };
+  // Matrix-vector candidates by the activations they read (each unit reads them through its own view numbers).
+  std::vector<std::vector<size_t>> keyed;
+  for (size_t i = 0; i < ns; ++i) {
+    if (steps[i].gemv_fn.empty()) continue;
+    int64_t a = g_.node(steps[i].node).inputs[0].node;
+    auto same = [&](const std::vector<size_t>& k) { return g_.node(steps[k[0]].node).inputs[0].node == a; };
+    auto it = std::find_if(keyed.begin(), keyed.end(), same);
+    if (it == keyed.end()) keyed.push_back({i});
+    else it->push_back(i);
+  }
+  struct Unit {
+    std::vector<size_t> ms;
+    long f = -1;
+  };
+  std::vector<std::vector<Unit>> found;
+  for (auto& cand : keyed) {
+    size_t g0 = cand[0];
+    std::vector<size_t> members;
+    for (size_t m : cand)
+      if (m == g0 || ready(m, g0, {})) members.push_back(m);
+    std::vector<Unit> units;
+    std::vector<char> placed(members.size(), 0);
+    for (size_t j = 0; j < members.size(); ++j) {
+      if (placed[j]) continue;
+      Unit u;
+      long f = epilogue_of(members[j]);
+      for (size_t k = j; k < members.size() && f >= 0; ++k)
+        if (!placed[k] && epilogue_of(members[k]) == f) u.ms.push_back(k);
+      std::vector<int64_t> ids;
+      for (size_t k : u.ms) ids.push_back(steps[members[k]].node);
+      if (f >= 0 && u.ms.size() <= 4 && ready(size_t(f), g0, ids)) {
+        u.f = f;
+      } else {
+        u.ms = {j};
+      }
+      for (size_t& k : u.ms) {
+        placed[k] = 1;
+        k = members[k];
+      }
+      units.push_back(u);
+    }
+    bool any_epilogue = std::any_of(units.begin(), units.end(), [](const Unit& u) { return u.f >= 0; });
+    if (members.size() >= 2 || any_epilogue) found.push_back(std::move(units));
+  }
+  if (found.empty()) return;
+  // The new order: each group's steps (and the inputs they read) at its first member's place.
+  std::vector<long> group_of(ns, -1);
+  for (size_t gi = 0; gi < found.size(); ++gi)
+    for (auto& u : found[gi]) {
+      for (size_t m : u.ms) group_of[m] = long(gi);
+      if (u.f >= 0) group_of[size_t(u.f)] = long(gi);
+    }
+  std::vector<size_t> order;
+  std::vector<char> emitted(ns, 0);
+  std::vector<size_t> first(found.size(), 0);
+  auto emit = [&](size_t i) {
+    if (!emitted[i]) order.push_back(i);
+    emitted[i] = 1;
+  };
+  for (size_t i = 0; i < ns; ++i) {
+    long gi = group_of[i];
+    if (gi < 0 || emitted[i]) {
+      emit(i);
+      continue;
+    }
+    std::vector<size_t> body;
+    for (auto& u : found[size_t(gi)])
+      for (size_t m : u.ms) body.push_back(m);
+    for (auto& u : found[size_t(gi)])
+      if (u.f >= 0) body.push_back(size_t(u.f));
+    for (size_t s : body)
+      for (auto& e : g_.node(steps[s].node).inputs)
+        if (leaf(at[e.node])) emit(size_t(at[e.node]));
+    first[size_t(gi)] = order.size();
+    for (size_t s : body) emit(s);
+  }
+  std::vector<size_t> now(ns);
+  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
+  for (size_t gi = 0; gi < found.size(); ++gi) {
+    Group G;
+    G.fn = group_kernel(found[gi].size(), [&](size_t u) { return found[gi][u].ms; },
+                        [&](size_t u) { return found[gi][u].f; });
+    for (auto& u : found[gi]) {
+      G.units.push_back(G.members.size());
+      for (size_t m : u.ms) G.members.push_back(now[m]);
+      if (u.f >= 0) G.epilogues.push_back(now[size_t(u.f)]);
+    }
+    G.first = first[gi];
+    G.last = G.first + G.members.size() + G.epilogues.size() - 1;
+    for (size_t k = G.first; k <= G.last; ++k) steps[order[k]].group = int(sched_.groups.size());
+    sched_.groups.push_back(std::move(G));
+  }
+  std::vector<Step> re;
+  re.reserve(ns);
+  for (size_t k : order) re.push_back(std::move(steps[k]));
+  steps = std::move(re);
+}
+
+// The group kernel: a warp per row of the stacked outputs; a unit (one member, or the members one epilogue reads)
+// computes its members' dot products for the row together, sharing the activation loads, then stores them or
+// evaluates the epilogue at that element. Variables are shadowed (p, in<k>, out) so that the view text of each
+// member's and epilogue's own parameter slice reads as in their own kernels.
+template <class Members, class Epilogue>
+std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
+  const std::vector<Step>& steps = sched_.steps;
+  Text sig, k;
+  sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
+      << "const void* __restrict__ a_";
+  int nm = 0;
+  std::vector<std::string> rows;
+  Text body;
+  for (size_t u = 0; u < nunits; ++u) {
+    std::vector<size_t> ms = members_of(u);
+    long f = epilogue_of(u);
+    int m0 = nm;
+    for (size_t j = 0; j < ms.size(); ++j, ++nm)
+      sig << ", const i64* __restrict__ P" << nm << ", void* __restrict__ O" << nm << ", const void* __restrict__ W" << nm;
+    rows.push_back("P" + std::to_string(m0) + "[1]");
+    const Step& s0 = steps[ms[0]];
+    const ViewSlot& av = s0.views[0];
+    int R = av.rank, c = int(ms.size()), U = std::max(1, 4 / c);
+    std::vector<std::string> idx = names("i", 0, R - 1);
+    idx.push_back("0");
+    DType as = storage(g_.node(s0.node).inputs[0].node);
+    body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    body << "    i64 oa = 0";
+    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0";
+    body << ";\n";
+    for (int j = 0; j < c; ++j) {
+      const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
+      body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
+      if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
+      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
+    }
+    body << "    i64 K = P" << m0 << "[2];\n";
+    for (int j = 0; j < c; ++j) body << "    float acc" << m0 + j << " = 0.0f;\n";
+    body << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
+    for (int j = 0; j < c; ++j) body << ", b" << m0 + j << "[" << U << "][8]";
+    body << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
+         << "        if (k0 + u * 256 < K) {\n          ld8_" << dtype_name(as) << "(a_, oa + k0 + u * 256, a[u]);\n";
+    for (int j = 0; j < c; ++j)
+      body << "          lds8_" << dtype_name(storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node)) << "(W"
+           << m0 + j << ", ob" << m0 + j << " + k0 + u * 256, b" << m0 + j << "[u]);\n";
+    body << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
+    for (int j = 0; j < c; ++j) body << "          for (int e = 0; e < 8; ++e) b" << m0 + j << "[u][e] = 0.0f;\n";
+    body << "        }\n      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u)\n"
+         << "        for (int e = 0; e < 8; ++e) {\n";
+    for (int j = 0; j < c; ++j) body << "          acc" << m0 + j << " += a[u][e] * b" << m0 + j << "[u][e];\n";
+    body << "        }\n    }\n";
+    for (int j = 0; j < c; ++j) body << "    acc" << m0 + j << " = warp_sum(acc" << m0 + j << ");\n";
+    body << "    if (lane == 0) {\n";
+    if (f < 0) {
+      for (int j = 0; j < c; ++j)
+        body << "    st_" << dtype_name(g_.node(steps[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
+             << ");\n";
+    } else {
+      const Step& fs = steps[size_t(f)];
+      const Node& fn = g_.node(fs.node);
+      std::string e = "E" + std::to_string(u);
+      sig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
+      body << "    { const i64* p = " << e << "; void* out = " << e << "o;\n";
+      std::map<int, std::string> given;
+      for (size_t q = 0; q < fn.inputs.size(); ++q) {
+        sig << ", const void* __restrict__ " << e << "i" << int(q);
+        body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
+        for (int j = 0; j < c; ++j)
+          if (fn.inputs[q].node == steps[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j);
+      }
+      const Program& prog = *fs.program;
+      bool dbl = double_registers(prog, fn);
+      int RF = fs.views.empty() ? 0 : fs.views[0].rank;
+      body << unravel(fs.views[0], 0, RF, "r")
+           << program_body(prog, fs, fn, dbl ? "double" : "float", dbl, names("i", 0, RF),
+                           std::vector<char>(prog.code.size(), 1), size_t(-1), given)
+           << "    st_" << dtype_name(fn.dtype) << "(out, r, r" << int(prog.code.size() - 1) << "); }\n";
+    }
+    body << "    }\n";
+  }
+  k << sig.str() << ") {\n  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
+  k << "  i64 total = n0";
+  for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
+  k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
+    << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
+  return add_kernel(k.str());
+}
+
 Schedule Generator::run() {
   sched_.storage.assign(g_.size(), DType::F32);
   std::vector<int64_t> order = g_.topo_order();
@@ -785,6 +1038,7 @@ Schedule Generator::run() {
     st.node = id;
     sched_.steps.push_back(std::move(st));
   }
+  group_matvecs();
   sched_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(sched_);
 }

@@ -42,6 +42,19 @@ struct Step {
   std::string block_fn;           // a reduction: the block-per-row kernel (for few, long rows)
   std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
+  int group = -1;                 // a member or epilogue of Schedule::groups[group]
+};
+
+// Matrix-vector products that read the same activations, run as one kernel (`fn`) when every member takes the
+// matrix-vector path, with the elementwise steps that are the only readers of members computed as they store
+// (epilogues). Otherwise the steps run one by one. The steps [first, last] are the group's, next to each other.
+// The kernel's arguments: parameters, error word, the activations; per member its parameter slice, output and
+// weights; per epilogue its parameter slice, output and inputs.
+struct Group {
+  std::string fn;
+  std::vector<size_t> members, epilogues;  // step indices, in the kernel's argument order
+  std::vector<size_t> units;               // per unit (a warp's row): its first member's index in `members`
+  size_t first = 0, last = 0;
 };
 
 struct Schedule {
@@ -49,6 +62,7 @@ struct Schedule {
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   std::vector<DType> storage;     // per node id: the dtype its buffer holds on the device
+  std::vector<Group> groups;
 };
 
 // The helpers every generated module starts with (loads, stores, rounding per dtype).

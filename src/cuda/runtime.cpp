@@ -189,6 +189,7 @@ struct Runtime::Plan {
   std::vector<int64_t> items2;              // per step: Scatter's second kernel
   std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
   std::vector<std::array<unsigned, 3>> grid;  // per step: the tiled kernel's grid
+  std::vector<unsigned> threads;             // per step: the row-reduction kernel's block size
 };
 
 namespace {
@@ -235,6 +236,11 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
       store_from_double(&v, 0, n.dtype, n.value);
       constants_[st.node] = upload(&v, n.dtype, {});
     }
+  }
+  for (const Group& G : s_.groups) {
+    CUfunction f;
+    check(driver().cuModuleGetFunction(&f, module_, G.fn.c_str()), "cuModuleGetFunction", G.fn);
+    fns_[G.fn] = f;
   }
   // Symbolic numbers of every shape and view, evaluated per plan.
   shape_nums_.resize(g_.size());
@@ -339,6 +345,7 @@ void Runtime::build_plan(const Bindings& dims) {
     P.items2.assign(ns, 0);
     P.variant.assign(ns, 0);
     P.grid.assign(ns, {1, 1, 1});
+    P.threads.assign(ns, 256);
     size_t nparams = 0;
     for (size_t i = 0; i < ns; ++i) {
       const Step& st = s_.steps[i];
@@ -352,6 +359,12 @@ void Runtime::build_plan(const Bindings& dims) {
       }
     }
     P.params.assign(nparams, 0);
+    // A group's kernel computes all its steps at once: what they read stays alive, and what they write is kept
+    // apart from it, through the whole group (as if the group were one step).
+    for (const Group& G : s_.groups)
+      for (size_t i = G.first; i <= G.last; ++i)
+        for (auto& e : g_.node(s_.steps[i].node).inputs)
+          if (P.last_use[e.node] >= int64_t(G.first)) P.last_use[e.node] = std::max<int64_t>(P.last_use[e.node], int64_t(G.last));
   }
   Plan& P = *plan_;
   // A step is evaluated again when a dim it depends on changed (or was never bound: evaluating then names it).
@@ -392,6 +405,7 @@ void Runtime::build_plan(const Bindings& dims) {
     P.items[i] = P.items2[i] = 0;
     P.variant[i] = 0;
     P.grid[i] = {1, 1, 1};
+    P.threads[i] = 256;
     int64_t* p = P.params.data() + P.slot[i];  // the step's slice of the block, written in place
     std::fill(p, p + st.nparams, 0);
     p[0] = st.node;
@@ -468,6 +482,11 @@ void Runtime::build_plan(const Bindings& dims) {
       P.items[i] = st.program->reduce != Op::Input ? out_n : (L ? out_n / L : 0);
       P.variant[i] = 4;
       P.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(P.items[i], int64_t(sms_) * 16))), 1, 1};
+      // Threads: about a quarter of the row, so each thread has ~4 elements per pass, all loads in flight at once
+      // (the passes are unrolled by 4); a decode step's RMSNorm over 4096 was latency-bound at 16 per thread.
+      unsigned t = 32;
+      while (t < 1024 && int64_t(t) * 4 < L) t *= 2;
+      P.threads[i] = t;
     } else if (st.program && st.program->reduce != Op::Input) {
       p[2] = cv[0].shape.back();
       P.items[i] = out_n;
@@ -513,7 +532,8 @@ void Runtime::build_plan(const Bindings& dims) {
     size_t k = 0;
     for (size_t i = 0; i < s_.steps.size(); ++i) {
       const Step& st = s_.steps[i];
-      live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < int64_t(i); }), live.end());
+      int64_t now = st.group >= 0 ? int64_t(s_.groups[size_t(st.group)].first) : int64_t(i);
+      live.erase(std::remove_if(live.begin(), live.end(), [&](const Live& l) { return l.until < now; }), live.end());
       bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
       if (!buffer || P.fresh[st.node]) continue;
       size_t bytes = sizes[k++];
@@ -630,13 +650,12 @@ void Runtime::replay(size_t n) {
   npending_ = 0;
   bool same = c.exec && n == c.launches.size();
   for (size_t i = 0; same && i < n; ++i)
-    same = pending_[i].f == c.launches[i].f && pending_[i].threads == c.launches[i].threads &&
-           pending_[i].args.size() == c.launches[i].args.size();
+    same = pending_[i].f == c.launches[i].f && pending_[i].args.size() == c.launches[i].args.size();
   std::vector<void*> argp;
   if (same) {
     for (size_t i = 0; i < n; ++i) {
       Launch &now = pending_[i], &was = c.launches[i];
-      if (now.args == was.args && std::equal(now.grid, now.grid + 3, was.grid)) continue;
+      if (now.args == was.args && now.threads == was.threads && std::equal(now.grid, now.grid + 3, was.grid)) continue;
       KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
@@ -666,6 +685,35 @@ Runtime::~Runtime() {
     if (c.exec) driver().cuGraphExecDestroy(c.exec);
     if (c.graph) driver().cuGraphDestroy(c.graph);
   }
+}
+
+// A group's kernel, at its first step, when every member takes the matrix-vector path (see codegen.h's Group);
+// marks the group's steps done. Otherwise (prefill) returns false and the steps run one by one.
+template <class OutOf>
+bool Runtime::launch_group(const Group& G, const OutOf& out_of, std::vector<char>& done) {
+  const Plan& plan = *plan_;
+  for (size_t m : G.members)
+    if (plan.variant[m] != 1) return false;
+  std::vector<CUdeviceptr>& args = group_args_;
+  const Step& s0 = s_.steps[G.members[0]];
+  args.assign(1, ptr_[g_.node(s0.node).inputs[0].node]);
+  auto slot = [&](size_t i) { return params_->ptr + plan.slot[i] * sizeof(int64_t); };
+  for (size_t m : G.members) {
+    const Node& n = g_.node(s_.steps[m].node);
+    ptr_[s_.steps[m].node] = out_of(s_.steps[m].node);
+    args.insert(args.end(), {slot(m), ptr_[s_.steps[m].node], ptr_[n.inputs[1].node]});
+  }
+  for (size_t e : G.epilogues) {
+    const Node& n = g_.node(s_.steps[e].node);
+    ptr_[s_.steps[e].node] = out_of(s_.steps[e].node);
+    args.insert(args.end(), {slot(e), ptr_[s_.steps[e].node]});
+    for (auto& in : n.inputs) args.push_back(ptr_[in.node]);
+  }
+  int64_t rows = 0;
+  for (size_t u : G.units) rows += plan.items[G.members[u]];
+  launch(G.fn, s0.node, plan.slot[G.members[0]], rows, true, args);
+  for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
+  return true;
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
@@ -699,6 +747,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr>& ptr = ptr_;
   ptr.assign(g_.size(), 0);
+  std::vector<char>& done = done_;
+  done.assign(s_.steps.size(), 0);
   std::unordered_map<int64_t, DeviceArray> owned;  // this run's own allocations (outputs), and arrays updated in place
   std::unordered_map<int64_t, DeviceArray> results;
   auto array_of = [&](int64_t src) -> const DeviceArray& {
@@ -713,15 +763,16 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     const Node& n = g_.node(st.node);
     int64_t id = st.node;
     auto t_step = clock::now();
-    auto out_ptr = [&]() -> CUdeviceptr {
-      if (plan.offset[id] >= 0) return arena_->ptr + plan.offset[id];
+    auto out_of = [&](int64_t node) -> CUdeviceptr {
+      if (plan.offset[node] >= 0) return arena_->ptr + plan.offset[node];
       DeviceArray a;
-      a.dtype = s_.storage[id];
-      a.shape = plan.shapes[id];
+      a.dtype = s_.storage[node];
+      a.shape = plan.shapes[node];
       a.buf = device_alloc(a.nbytes());
-      owned[id] = a;
+      owned[node] = a;
       return a.buf->ptr;
     };
+    auto out_ptr = [&]() { return out_of(id); };
     switch (st.kind) {
       case Step::Input: {
         auto it = inputs_.find(id);
@@ -754,6 +805,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         break;
       }
       case Step::Kernel: {
+        if (done[i]) break;  // computed by its group's kernel
+        if (st.group >= 0 && launch_group(s_.groups[size_t(st.group)], out_of, done)) break;
         int64_t dest = n.inputs.empty() ? -1 : n.inputs[0].node;
         bool in_place = in_place_ok_[i] && std::find(donated.begin(), donated.end(), dest) != donated.end();
         if (in_place) {  // the rows are written into the donated destination, which becomes the result
@@ -766,7 +819,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         ptrs.assign(1, ptr[id]);
         for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
         bool per_row = st.launch == Step::PerRow;
-        if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
+        if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), plan.threads[i]);
         else if (plan.variant[i] == 3) launch(st.mma_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), 128);
         else if (plan.variant[i] == 2) launch(st.gemm_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data());
         else if (!in_place) launch(plan.variant[i] == 1 ? st.gemv_fn : st.fn, id, plan.slot[i], plan.items[i], per_row, ptrs);
