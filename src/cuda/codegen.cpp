@@ -859,7 +859,7 @@ void Generator::group_matvecs() {
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
   const std::vector<Step>& steps = sched_.steps;
-  Text sig, k;
+  Text sig, esig, k;  // the members' arguments, then the epilogues'
   sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -913,11 +913,11 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       const Step& fs = steps[size_t(f)];
       const Node& fn = g_.node(fs.node);
       std::string e = "E" + std::to_string(u);
-      sig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
+      esig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
       body << "    { const i64* p = " << e << "; void* out = " << e << "o;\n";
       std::map<int, std::string> given;
       for (size_t q = 0; q < fn.inputs.size(); ++q) {
-        sig << ", const void* __restrict__ " << e << "i" << int(q);
+        esig << ", const void* __restrict__ " << e << "i" << int(q);
         body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
         for (int j = 0; j < c; ++j)
           if (fn.inputs[q].node == steps[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j);
@@ -932,7 +932,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     }
     body << "    }\n";
   }
-  k << sig.str() << ") {\n  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  k << sig.str() << esig.str() << ") {\n  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);

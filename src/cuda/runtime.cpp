@@ -516,14 +516,21 @@ void Runtime::build_plan(const Bindings& dims) {
   }
   P.dims = dims;
   // The arena: each intermediate gets an offset no buffer alive at the same time overlaps (first fit). Planned for
-  // size classes (1/8 of a power of two), so a buffer that grows by a row per decode step keeps the plan (and the
-  // pointers a CUDA graph holds) for many steps.
+  // size classes (1/8 of a power of two, or a power of two for a buffer that grows with the dims), so a buffer that
+  // grows by a row per decode step keeps the plan (and the pointers a CUDA graph holds) for many steps.
   std::vector<size_t> sizes;
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
-    if (buffer && !P.fresh[st.node])
-      sizes.push_back(size_class(size_t(numel_of(P.shapes[st.node])) * dtype_size(s_.storage[st.node])));
+    if (buffer && !P.fresh[st.node]) {
+      // (With 1/8 classes, a decode step's attention scores moved the plan every few steps, and with it every
+      // kernel argument in the graph.)
+      size_t bytes = size_t(numel_of(P.shapes[st.node])) * dtype_size(s_.storage[st.node]);
+      bool grows = std::any_of(shape_nums_[st.node].begin(), shape_nums_[st.node].end(), [](const Num& x) { return x.expr; });
+      size_t cls = size_class(bytes);
+      if (grows) cls = size_t(1) << (64 - __builtin_clzll(std::max<size_t>(cls, 2) - 1));
+      sizes.push_back(cls);
+    }
   }
   if (first || sizes != P.arena_sizes) {
     struct Live { size_t off, bytes; int64_t until; };
