@@ -15,7 +15,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--graphs-off] [--trace] [--profile]
+        [--no-compile] [--graphs-off] [--pdl-off] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -257,6 +257,12 @@ def run_model(key, args, bw):
         os.environ["LUMINAL_CUDA_GRAPHS"] = "0"
         rates["luminal (no graphs)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
         del os.environ["LUMINAL_CUDA_GRAPHS"]
+    if args.pdl_off:  # graphs without programmatic dependent launch, for comparison
+        import os
+
+        os.environ["LUMINAL_CUDA_PDL"] = "0"
+        rates["luminal (no PDL)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
+        del os.environ["LUMINAL_CUDA_PDL"]
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     l_toks, t_toks = toks["luminal"], toks["torch eager"]
     agree = next((i for i, (a, b) in enumerate(zip(l_toks, t_toks)) if a != b), len(l_toks))
@@ -374,6 +380,7 @@ def main():
     p.add_argument("--trace", action="store_true", help="trace decode steps with torch.profiler: GPU time per kernel")
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
+    p.add_argument("--pdl-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PDL=0")
     args = p.parse_args()
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()

@@ -25,6 +25,11 @@ using CUstream = struct CUstream_st*;
 using CUgraph = struct CUgraph_st*;
 using CUgraphNode = struct CUgraphNode_st*;
 using CUgraphExec = struct CUgraphExec_st*;
+// CUgraphEdgeData: from_port 1 (CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC) with type 1
+// (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC) lets the downstream kernel start once every upstream block has triggered.
+struct GraphEdgeData {
+  unsigned char from_port = 0, to_port = 0, type = 0, reserved[5] = {};
+};
 using nvrtcResult = int;
 
 // cuda.h's CUDA_KERNEL_NODE_PARAMS_v2.
@@ -70,6 +75,8 @@ struct Driver {
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
   CUresult (*cuGraphExecDestroy)(CUgraphExec);
   CUresult (*cuGraphDestroy)(CUgraph);
+  // CUDA 12.3+ (null before): edges with data, for programmatic dependent launch between kernel nodes.
+  CUresult (*cuGraphAddDependencies)(CUgraph, const CUgraphNode*, const CUgraphNode*, const GraphEdgeData*, size_t);
 };
 
 struct Nvrtc {

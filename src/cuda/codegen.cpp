@@ -97,6 +97,16 @@ __device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) {
 }
 __device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ld_stream16((const u16*)b + o), x); }
 __device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ld_stream16((const u16*)b + o), x); }
+// Programmatic dependent launch (sm_90+; CUDA graph edges of that type, see runtime.cpp): every kernel first waits
+// for the kernel before it to finish (its writes visible), then lets the next one start launching, so that the
+// next kernel's launch and block start-up overlap this one's tail instead of following it. Without such an edge
+// both are no-ops.
+__device__ __forceinline__ void pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -223,7 +233,11 @@ class Generator {
     std::string name = "k" + std::to_string(bodies_.size());
     bodies_[text] = name;
     std::string t = text;
-    t.replace(t.find("NAME"), 4, name);
+    size_t at = t.find("NAME");
+    t.replace(at, 4, name);
+    size_t body = t.find(") {\n", at);
+    if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
+    t.insert(body + 4, "  pdl_start();\n");  // first, in every kernel (see the prelude)
     fns_ += t + "\n";
     sched_.kernels.emplace_back(name, t);
     return name;

@@ -655,7 +655,7 @@ void Runtime::replay(size_t n) {
   if (chunks_.size() <= nchunk_) chunks_.resize(nchunk_ + 1);
   Chunk& c = chunks_[nchunk_++];
   npending_ = 0;
-  bool same = c.exec && n == c.launches.size();
+  bool same = c.exec && n == c.launches.size() && c.pdl == pdl_;
   for (size_t i = 0; same && i < n; ++i)
     same = pending_[i].f == c.launches[i].f && pending_[i].args.size() == c.launches[i].args.size();
   std::vector<void*> argp;
@@ -673,10 +673,16 @@ void Runtime::replay(size_t n) {
     c.graph = nullptr;
     check(d.cuGraphCreate(&c.graph, 0), "cuGraphCreate");
     c.nodes.assign(n, nullptr);
+    c.pdl = pdl_;
+    GraphEdgeData edge;  // programmatic: the next kernel launches as this one's blocks start (see pdl_start)
+    edge.from_port = 1;
+    edge.type = 1;
     for (size_t i = 0; i < n; ++i) {
       KernelNodeParams p = node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, argp, pending_[i].args);
-      check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, i ? &c.nodes[i - 1] : nullptr, i ? 1 : 0, &p),
+      bool chain = i && !pdl_;
+      check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0, &p),
             "cuGraphAddKernelNode");
+      if (i && pdl_) check(d.cuGraphAddDependencies(c.graph, &c.nodes[i - 1], &c.nodes[i], &edge, 1), "cuGraphAddDependencies");
     }
     check(d.cuGraphInstantiateWithFlags(&c.exec, c.graph, 0), "cuGraphInstantiateWithFlags");
   }
@@ -750,6 +756,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
   const char* chunks = std::getenv("LUMINAL_CUDA_GRAPH_CHUNKS");  // "0": one graph for the whole run
   one_graph_ = chunks && std::string(chunks) == "0";
+  const char* pdl = std::getenv("LUMINAL_CUDA_PDL");
+  pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !(pdl && std::string(pdl) == "0");
   npending_ = launched_ = nchunk_ = 0;
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr>& ptr = ptr_;
