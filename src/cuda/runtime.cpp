@@ -556,6 +556,20 @@ void Runtime::build_plan(const Bindings& dims) {
     }
     P.arena_sizes = std::move(sizes);
   }
+  up_lo_ = std::min(up_lo_, lo_slot);
+  up_hi_ = std::max(up_hi_, hi_slot);
+  up_iota_ = up_iota_ || iota_changed;
+}
+
+// What planning changed reaches the device: the parameter block's changed range, the Iota block, a larger arena.
+// (Separate from build_plan, which may run ahead while the device still reads the previous step's numbers.)
+void Runtime::upload_plan() {
+  Plan& P = *plan_;
+  size_t lo_slot = up_lo_, hi_slot = up_hi_;
+  bool iota_changed = up_iota_;
+  up_lo_ = SIZE_MAX;
+  up_hi_ = 0;
+  up_iota_ = false;
   size_t pbytes = std::max<size_t>(P.params.size(), 1) * sizeof(int64_t);
   if (!params_ || params_->bytes < pbytes) {
     params_ = device_alloc(pbytes);
@@ -729,6 +743,39 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, std::vector<char
   return true;
 }
 
+void Runtime::drop_plan() {
+  plan_.reset();
+  up_lo_ = SIZE_MAX;
+  up_hi_ = 0;
+  up_iota_ = false;
+}
+
+// The next run's plan, made on the host while the device works: for the dims predicted by moving each one as it
+// moved since the last run (a decode step's cache length grows by one), so that such a run only uploads what
+// changed (~0.3 ms of planning per 8B decode step no longer keeps the GPU waiting). A wrong guess costs nothing
+// more than planning would have (the next run re-evaluates what differs); one that planning rejects (a view past
+// a buffer's end: the cache about to grow) drops the plan, which the next run makes from scratch.
+void Runtime::plan_ahead(const Bindings& dims) {
+  Bindings next = dims;
+  bool moved = false;
+  for (auto& [name, v] : dims) {
+    auto it = last_dims_.find(name);
+    if (it == last_dims_.end() || it->second == v) continue;
+    int64_t n = v + (v - it->second);
+    if (n >= 0) {
+      next[name] = n;
+      moved = true;
+    }
+  }
+  last_dims_ = dims;
+  if (!moved || !plan_) return;
+  try {
+    build_plan(next);
+  } catch (...) {
+    drop_plan();
+  }
+}
+
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
                                                       const Bindings& dims, const std::vector<int64_t>& donated) {
   set_context();
@@ -738,14 +785,14 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   using clock = std::chrono::steady_clock;
   std::map<std::string, std::pair<double, int>> prof;
   auto t_run = clock::now();
-  if (!plan_ || plan_->dims != dims) {
-    try {
-      build_plan(dims);
-    } catch (...) {
-      plan_.reset();  // half updated: the next run plans from scratch
-      throw;
-    }
+  try {
+    if (!plan_ || plan_->dims != dims) build_plan(dims);
+    upload_plan();
+  } catch (...) {
+    drop_plan();  // half updated: the next run plans from scratch
+    throw;
   }
+  std::shared_ptr<Plan> keep = plan_;  // (planning ahead may drop plan_ before this run ends)
   auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   auto t_planned = clock::now();
   times_ = {secs(t_run, t_planned), 0, 0, 0};
@@ -888,6 +935,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   auto t_recorded = clock::now();
   if (graphs_on_ && npending_) replay(npending_);  // the last chunk
   auto t_replayed = clock::now();
+  if (graphs_on_) plan_ahead(dims);  // while the GPU runs what was just launched
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");

@@ -81,7 +81,13 @@ class Runtime {
   std::vector<std::string> var_names_;
   std::vector<uint64_t> step_vars_;
   std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
-  void build_plan(const Bindings& dims);
+  void build_plan(const Bindings& dims);  // host work only; upload_plan sends it
+  void upload_plan();
+  void plan_ahead(const Bindings& dims);
+  void drop_plan();
+  size_t up_lo_ = SIZE_MAX, up_hi_ = 0;  // the parameter slots planned but not uploaded yet
+  bool up_iota_ = false;                 // ... and whether the Iota values changed
+  Bindings last_dims_;                   // the dims of the run before (to predict the next)
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
 
