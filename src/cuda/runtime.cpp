@@ -935,7 +935,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   auto t_recorded = clock::now();
   if (graphs_on_ && npending_) replay(npending_);  // the last chunk
   auto t_replayed = clock::now();
-  if (graphs_on_) plan_ahead(dims);  // while the GPU runs what was just launched
+  const char* ahead = std::getenv("LUMINAL_CUDA_PLAN_AHEAD");  // "0": off (for comparison)
+  if (graphs_on_ && !(ahead && std::string(ahead) == "0")) plan_ahead(dims);  // while the GPU runs what was launched
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");
