@@ -87,7 +87,7 @@ class Runtime {
   void drop_plan();
   size_t up_lo_ = SIZE_MAX, up_hi_ = 0;  // the parameter slots planned but not uploaded yet
   bool up_iota_ = false;                 // ... and whether the Iota values changed
-  Bindings last_dims_;                   // the dims of the run before (to predict the next)
+  Bindings last_dims_, last_delta_;      // the dims of the run before, and how they moved (to predict the next)
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
 
