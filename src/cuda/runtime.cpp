@@ -754,9 +754,9 @@ void Runtime::drop_plan() {
 // runs (decode: the cache length grows by one): a run with the predicted dims then only uploads what changed
 // (~0.3 ms of planning per 8B decode step no longer keeps the GPU waiting). A wrong guess costs what planning would
 // have (the next run re-evaluates the steps whose dims differ). One that planning rejects (a view past a buffer's
-// end: the cache is about to grow) leaves the plan marked as for no dims, so the next run re-evaluates every step
-// that depends on one. Other changes (prefill after decode) are not guessed: planning a 2048-token prefill was
-// measured at ~150 ms of host time, and a wrong guess there would double it.
+// end: the cache is about to grow) drops the plan, which the next run makes from scratch (once per cache doubling).
+// Other changes (prefill after decode) are not guessed: planning a 2048-token prefill was measured at ~150 ms of
+// host time, and a rejected guess there cost a second plan from scratch.
 void Runtime::plan_ahead(const Bindings& dims) {
   Bindings delta;
   for (auto& [name, v] : dims) {
@@ -776,7 +776,7 @@ void Runtime::plan_ahead(const Bindings& dims) {
   try {
     build_plan(next);
   } catch (...) {
-    plan_->dims.clear();
+    drop_plan();
   }
 }
 
@@ -796,6 +796,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     drop_plan();  // half updated: the next run plans from scratch
     throw;
   }
+  std::shared_ptr<Plan> keep = plan_;  // (planning ahead may drop plan_ before this run ends)
   auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   auto t_planned = clock::now();
   times_ = {secs(t_run, t_planned), 0, 0, 0};
