@@ -20,6 +20,7 @@ eager, ~10x slower, runs once.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -245,24 +246,15 @@ def run_model(key, args, bw):
         if not rates["torch eager"]:  # slow (~10 tok/s on the 8B shape): once
             toks["torch eager"], r = torch_decode(hf, prompt, args.decode)
             rates["torch eager"].append(r)
-    if args.one_graph:  # the run replayed as one CUDA graph instead of chunks, for comparison
-        import os
-
-        os.environ["LUMINAL_CUDA_GRAPH_CHUNKS"] = "0"
-        rates["luminal (one graph)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
-        del os.environ["LUMINAL_CUDA_GRAPH_CHUNKS"]
-    if args.graphs_off:  # the same loop with direct launches, for comparison
-        import os
-
-        os.environ["LUMINAL_CUDA_GRAPHS"] = "0"
-        rates["luminal (no graphs)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
-        del os.environ["LUMINAL_CUDA_GRAPHS"]
-    if args.pdl_off:  # graphs without programmatic dependent launch, for comparison
-        import os
-
-        os.environ["LUMINAL_CUDA_PDL"] = "0"
-        rates["luminal (no PDL)"] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
-        del os.environ["LUMINAL_CUDA_PDL"]
+    # Variants of luminal's runtime, for comparison: each the same loop under one environment setting.
+    variants = [(args.one_graph, "luminal (one graph)", "LUMINAL_CUDA_GRAPH_CHUNKS"),  # one graph, not chunks
+                (args.graphs_off, "luminal (no graphs)", "LUMINAL_CUDA_GRAPHS"),  # direct launches
+                (args.pdl_off, "luminal (no PDL)", "LUMINAL_CUDA_PDL")]  # no programmatic dependent launch
+    for on, name, var in variants:
+        if on:
+            os.environ[var] = "0"
+            rates[name] = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
+            del os.environ[var]
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     l_toks, t_toks = toks["luminal"], toks["torch eager"]
     agree = next((i for i, (a, b) in enumerate(zip(l_toks, t_toks)) if a != b), len(l_toks))
@@ -283,8 +275,6 @@ def run_model(key, args, bw):
 
     lp = prefill_ms(lum_prefill, 2)
     if args.profile:  # one decode step with every kernel synchronised: where the time goes (stderr)
-        import os
-
         os.environ["LUMINAL_PROFILE"] = "1"
         print(f"-- profile of one {key} decode step (LUMINAL_PROFILE=1)", flush=True)
         s.step([0])

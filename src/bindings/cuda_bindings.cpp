@@ -77,24 +77,21 @@ void bind_cuda(py::module_& m) {
       .def("kernel_ops", [](const Schedule& s, const Graph& g) {
         // Every kernel name -> the op kind(s) of the steps that may launch it (for profiles).
         std::map<std::string, std::string> out;
+        auto add = [&](const std::string& name, const std::string& what) {
+          std::string& o = out[name];
+          if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
+        };
         for (auto& st : s.steps) {
           if (st.kind != Step::Kernel) continue;
           const Node& n = g.node(st.node);
           std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
           const std::pair<const std::string*, const char*> names[] = {{&st.fn, ""}, {&st.second_fn, "/rows"},
               {&st.gemv_fn, "/gemv"}, {&st.gemm_fn, "/tiled"}, {&st.mma_fn, "/mma"}, {&st.block_fn, "/block"}};
-          for (auto& [name, tag] : names) {
-            if (name->empty()) continue;
-            std::string& o = out[*name];
-            std::string what = op + tag;
-            if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
-          }
+          for (auto& [name, tag] : names)
+            if (!name->empty()) add(*name, op + tag);
         }
-        for (auto& G : s.groups) {  // e.g. "MatMul x3/group", "MatMul x2+Fused/group"
-          std::string what = "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group";
-          std::string& o = out[G.fn];
-          if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
-        }
+        for (auto& G : s.groups)  // e.g. "MatMul x3/group", "MatMul x2+Fused/group"
+          add(G.fn, "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group");
         return out;
       })
       .def("host_steps", [](const Schedule& s) {

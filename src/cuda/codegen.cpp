@@ -211,6 +211,34 @@ std::string params(int nin) {
   return s + ")";
 }
 
+// A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
+// operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
+// steps of 8 elements (16-byte loads) before the first multiply; weights are streamed past L1 (lds8). Leaves each
+// warp-summed accumulator in every lane; K is the row length.
+struct DotOperand {
+  DType storage;
+  std::string ptr, off, acc;
+};
+std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U) {
+  Text t;
+  for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
+  t << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
+  for (auto& w : ws) t << ", b_" << w.acc << "[" << U << "][8]";
+  t << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
+    << "        if (k0 + u * 256 < K) {\n          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
+  for (auto& w : ws)
+    t << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
+      << "[u]);\n";
+  t << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
+  for (auto& w : ws) t << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
+  t << "        }\n      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u)\n"
+    << "        for (int e = 0; e < 8; ++e) {\n";
+  for (auto& w : ws) t << "          " << w.acc << " += a[u][e] * b_" << w.acc << "[u][e];\n";
+  t << "        }\n    }\n";
+  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
+  return t.str();
+}
+
 class Generator {
  public:
   Generator(const Graph& g, DType compute) : g_(g), compute_(compute) {}
@@ -526,17 +554,8 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
       << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
-      << "    float acc = 0.0f;\n"
-      << "    for (i64 k0 = lane * 8; k0 < K; k0 += 1024) {\n"
-      << "      float a[4][8], b[4][8];\n"
-      << "#pragma unroll\n"
-      << "      for (int u = 0; u < 4; ++u) {\n"
-      << "        if (k0 + u * 256 < K) { ld8_" << dtype_name(as) << "(in0, oa + k0 + u * 256, a[u]); lds8_"
-      << dtype_name(bs) << "(in1, ob + k0 + u * 256, b[u]); }\n"
-      << "        else for (int j = 0; j < 8; ++j) a[u][j] = b[u][j] = 0.0f;\n      }\n"
-      << "#pragma unroll\n"
-      << "      for (int u = 0; u < 4; ++u)\n        for (int j = 0; j < 8; ++j) acc += a[u][j] * b[u][j];\n    }\n"
-      << "    acc = warp_sum(acc);\n    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
+      << dot_rows(as, "in0", "oa", {{bs, "in1", "ob", "acc"}}, 4)
+      << "    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
     st.gemv_fn = add_kernel(k.str());
   }
   if (R < 3) return;
@@ -902,23 +921,11 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
       body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
     }
-    body << "    i64 K = P" << m0 << "[2];\n";
-    for (int j = 0; j < c; ++j) body << "    float acc" << m0 + j << " = 0.0f;\n";
-    body << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
-    for (int j = 0; j < c; ++j) body << ", b" << m0 + j << "[" << U << "][8]";
-    body << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
-         << "        if (k0 + u * 256 < K) {\n          ld8_" << dtype_name(as) << "(a_, oa + k0 + u * 256, a[u]);\n";
+    std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
-      body << "          lds8_" << dtype_name(storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node)) << "(W"
-           << m0 + j << ", ob" << m0 + j << " + k0 + u * 256, b" << m0 + j << "[u]);\n";
-    body << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
-    for (int j = 0; j < c; ++j) body << "          for (int e = 0; e < 8; ++e) b" << m0 + j << "[u][e] = 0.0f;\n";
-    body << "        }\n      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u)\n"
-         << "        for (int e = 0; e < 8; ++e) {\n";
-    for (int j = 0; j < c; ++j) body << "          acc" << m0 + j << " += a[u][e] * b" << m0 + j << "[u][e];\n";
-    body << "        }\n    }\n";
-    for (int j = 0; j < c; ++j) body << "    acc" << m0 + j << " = warp_sum(acc" << m0 + j << ");\n";
-    body << "    if (lane == 0) {\n";
+      ws.push_back({storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
+                    "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
+    body << "    i64 K = P" << m0 << "[2];\n" << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(steps[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j

@@ -223,13 +223,14 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
   set_context();
   std::string cubin = compile_cubin(s_.source, dev.major * 10 + dev.minor);
   check(driver().cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
+  auto load = [&](const std::string& name) {
+    if (name.empty() || fns_.count(name)) return;
+    CUfunction f;
+    check(driver().cuModuleGetFunction(&f, module_, name.c_str()), "cuModuleGetFunction", name);
+    fns_[name] = f;
+  };
   for (auto& st : s_.steps) {
-    for (const std::string* name : {&st.fn, &st.second_fn, &st.gemv_fn, &st.gemm_fn, &st.mma_fn, &st.block_fn}) {
-      if (name->empty() || fns_.count(*name)) continue;
-      CUfunction f;
-      check(driver().cuModuleGetFunction(&f, module_, name->c_str()), "cuModuleGetFunction", *name);
-      fns_[*name] = f;
-    }
+    for (const std::string* name : {&st.fn, &st.second_fn, &st.gemv_fn, &st.gemm_fn, &st.mma_fn, &st.block_fn}) load(*name);
     if (st.kind == Step::Constant) {
       const Node& n = g_.node(st.node);
       uint64_t v = 0;
@@ -237,16 +238,14 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
       constants_[st.node] = upload(&v, n.dtype, {});
     }
   }
-  for (const Group& G : s_.groups) {
-    CUfunction f;
-    check(driver().cuModuleGetFunction(&f, module_, G.fn.c_str()), "cuModuleGetFunction", G.fn);
-    fns_[G.fn] = f;
-  }
+  for (const Group& G : s_.groups) load(G.fn);
   // Symbolic numbers of every shape and view, evaluated per plan.
   shape_nums_.resize(g_.size());
+  grows_.assign(g_.size(), 0);
   for (auto& st : s_.steps) {
     const Node& n = g_.node(st.node);
     for (auto& e : n.shape) shape_nums_[st.node].push_back(num(e));
+    grows_[st.node] = std::any_of(shape_nums_[st.node].begin(), shape_nums_[st.node].end(), [](const Num& x) { return x.expr; });
     std::vector<SymView> views;
     for (auto& vs : st.views) {
       const View& v = n.inputs[vs.edge].view;
@@ -526,9 +525,8 @@ void Runtime::build_plan(const Bindings& dims) {
       // (With 1/8 classes, a decode step's attention scores moved the plan every few steps, and with it every
       // kernel argument in the graph.)
       size_t bytes = size_t(numel_of(P.shapes[st.node])) * dtype_size(s_.storage[st.node]);
-      bool grows = std::any_of(shape_nums_[st.node].begin(), shape_nums_[st.node].end(), [](const Num& x) { return x.expr; });
       size_t cls = size_class(bytes);
-      if (grows) cls = size_t(1) << (64 - __builtin_clzll(std::max<size_t>(cls, 2) - 1));
+      if (grows_[st.node]) cls = size_t(1) << (64 - __builtin_clzll(std::max<size_t>(cls, 2) - 1));
       sizes.push_back(cls);
     }
   }

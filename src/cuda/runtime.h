@@ -75,6 +75,7 @@ class Runtime {
   };
   static Num num(const Expr& e);
   std::vector<std::vector<Num>> shape_nums_;            // per node
+  std::vector<char> grows_;                             // per node: its shape depends on a dim (arena size class)
   std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
   // The dims each step's numbers depend on, as bits over var_names_ (a var past the 63rd shares bit 63): a new plan
   // finds the dims that changed once, then each step's staleness is one AND (not string lookups per step).
