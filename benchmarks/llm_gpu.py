@@ -279,6 +279,7 @@ def run_model(key, args, bw):
         print(f"-- profile of one {key} decode step (LUMINAL_PROFILE=1)", flush=True)
         s.step([0])
         del os.environ["LUMINAL_PROFILE"]
+    host_breakdown(s, key, prompt)
     if args.trace:
         trace_decode(s, key, prompt)
     tp = prefill_ms(torch_prefill, 3)
@@ -351,6 +352,50 @@ def trace_decode(s: Session, key: str, prompt, steps: int = 8):
           f"ms/step ({len(prof.events()) and sum(v[0] for v in kinds.values()) // steps} kernels/step)")
     for name, (n, us) in sorted(kinds.items(), key=lambda kv: -kv[1][1])[:25]:
         print(f"   {name:40} {n // steps:5d}/step {us / steps:9.1f} us/step {us / max(n, 1):8.2f} us each")
+
+
+def host_breakdown(s: Session, key: str, prompt, steps: int = 32):
+    """Where a decode step's wall time goes, without a profiler (whose hooks slow every driver call): the C++ run's
+    own parts, what surrounds it, the logits read and the argmax. The GPU idles for about wall - wait - record."""
+    class Timed:  # the runtime, with run() timed
+        def __init__(self, rt):
+            self.rt, self.t = rt, 0.0
+
+        def run(self, *a):
+            t = time.perf_counter()
+            try:
+                return self.rt.run(*a)
+            finally:
+                self.t = time.perf_counter() - t
+
+        def __getattr__(self, name):
+            return getattr(self.rt, name)
+
+    s.reset()
+    tok = int(np.argmax(s.step(prompt)[-1]))
+    for _ in range(3):
+        tok = int(np.argmax(s.step([tok])[-1]))
+    runtime = s.graph._runtime
+    timed = runtime.rt = Timed(runtime.rt)
+    try:
+        t = np.zeros(10)
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            logits = s.step([tok])
+            t1 = time.perf_counter()
+            tok = int(np.argmax(logits[-1]))
+            t2 = time.perf_counter()
+            s.logits.numpy()  # the same read again: its cost
+            t3 = time.perf_counter()
+            cpp = np.array(timed.last_times())
+            t += np.concatenate([[t2 - t0, t1 - t0, timed.t], cpp, [timed.t - cpp.sum(), t2 - t1, t3 - t2]])
+    finally:
+        runtime.rt = timed.rt
+    t *= 1e3 / steps
+    print(f"-- host per {key} decode step, untraced (ms, {steps} steps): wall {t[0]:.3f}; Session.step {t[1]:.3f}, "
+          f"of which CudaRuntime.run {t[2]:.3f} = plan {t[3]:.3f} + record {t[4]:.3f} + replay {t[5]:.3f} + wait "
+          f"{t[6]:.3f} + bindings and the rest {t[7]:.3f}; the rest of Session.step {t[1] - t[2]:.3f} (a logits "
+          f"read alone {t[9]:.3f}); argmax {t[8]:.3f}")
 
 
 def kernels_per_step(s: Session) -> int:
