@@ -10,7 +10,8 @@ copied into luminal (`luminal.cuda.from_torch`, no trip through the host). Then:
   * prefill: one --prefill-token prompt, milliseconds;
   * the peers, in the same run: torch eager (HF model, DynamicCache, one token per forward), and a hand-written
     torch.compile decode loop (`StaticDecoder`: the same weights, one reused static KV cache, mode="reduce-overhead",
-    i.e. CUDA graphs), both greedy and reading the token on the host every step as luminal does; ratios to each.
+    i.e. CUDA graphs), both greedy (luminal and the compiled loop take the argmax on the GPU) and reading the token
+    on the host every step; ratios to each.
 Decode rates are medians over --reps timed runs per engine, engines alternating (the machine is shared); torch
 eager, ~10x slower, runs once.
 
@@ -191,12 +192,11 @@ def compiled_decode(dec, step, prompt, n):
 
 def luminal_decode(s: Session, prompt, n):
     s.reset()
-    logits = s.step(prompt)
-    tok = int(np.argmax(logits[-1]))
+    tok = s.next_token(prompt)
     toks = [tok]
     t = time.perf_counter()
     for _ in range(n - 1):
-        tok = int(np.argmax(s.step([tok])[-1]))
+        tok = s.next_token([tok])
         toks.append(tok)
     return toks, (n - 1) / (time.perf_counter() - t)
 
@@ -307,9 +307,9 @@ def trace_decode(s: Session, key: str, prompt, steps: int = 8):
     from torch.profiler import ProfilerActivity, profile
 
     s.reset()
-    tok = int(np.argmax(s.step(prompt)[-1]))
+    tok = s.next_token(prompt)
     for _ in range(3):
-        tok = int(np.argmax(s.step([tok])[-1]))
+        tok = s.next_token([tok])
     torch.cuda.synchronize()
     rt = s.graph._runtime.rt
     host = np.zeros(6)  # plan, record, replay, wait (C++); the rest of execute(); the rest of the step (Python)
@@ -327,16 +327,15 @@ def trace_decode(s: Session, key: str, prompt, steps: int = 8):
                 return r
 
             s.graph.execute = timed
-            logits = s.step([tok])
+            tok = s.next_token([tok])
             del s.graph.execute
-            tok = int(np.argmax(logits[-1]))
             parts = np.array(rt.last_times())
             host += np.concatenate([parts, [t_ex[0] - parts.sum(), time.perf_counter() - t0 - t_ex[0]]])
         wall = (time.perf_counter() - t) / steps
     host *= 1e3 / steps
     print(f"-- host per {key} decode step (ms): plan {host[0]:.3f}, record launches {host[1]:.3f}, replay "
           f"{host[2]:.3f}, wait for the GPU {host[3]:.3f}; rest of execute() {host[4]:.3f}; rest of the step "
-          f"(Python, logits read, argmax) {host[5]:.3f}")
+          f"(Python, token read) {host[5]:.3f}")
     ops = s.graph._runtime.schedule.kernel_ops(s.graph._g)
     kinds: dict[str, list] = {}
     busy = 0.0
@@ -356,7 +355,8 @@ def trace_decode(s: Session, key: str, prompt, steps: int = 8):
 
 def host_breakdown(s: Session, key: str, prompt, steps: int = 32):
     """Where a decode step's wall time goes, without a profiler (whose hooks slow every driver call): the C++ run's
-    own parts, what surrounds it, the logits read and the argmax. The GPU idles for about wall - wait - record."""
+    own parts, what surrounds it, the token read; and what reading the logits and their argmax on the host would
+    cost instead. The GPU idles for about the step's time - wait - record."""
     class Timed:  # the runtime, with run() timed
         def __init__(self, rt):
             self.rt, self.t = rt, 0.0
@@ -372,30 +372,45 @@ def host_breakdown(s: Session, key: str, prompt, steps: int = 32):
             return getattr(self.rt, name)
 
     s.reset()
-    tok = int(np.argmax(s.step(prompt)[-1]))
+    tok = s.next_token(prompt)
     for _ in range(3):
-        tok = int(np.argmax(s.step([tok])[-1]))
+        tok = s.next_token([tok])
     runtime = s.graph._runtime
     timed = runtime.rt = Timed(runtime.rt)
+    read = s.greedy.numpy
+    t_read = [0.0]
+
+    def timed_read():  # the step's token read (a device-to-host copy), shadowing the method
+        t = time.perf_counter()
+        try:
+            return read()
+        finally:
+            t_read[0] = time.perf_counter() - t
+
+    s.greedy.numpy = timed_read
     try:
-        t = np.zeros(10)
+        t = np.zeros(9)
         for _ in range(steps):
             t0 = time.perf_counter()
-            logits = s.step([tok])
+            tok = s.next_token([tok])
             t1 = time.perf_counter()
-            tok = int(np.argmax(logits[-1]))
-            t2 = time.perf_counter()
-            s.logits.numpy()  # the same read again: its cost
-            t3 = time.perf_counter()
             cpp = np.array(timed.last_times())
-            t += np.concatenate([[t2 - t0, t1 - t0, timed.t], cpp, [timed.t - cpp.sum(), t2 - t1, t3 - t2]])
+            t += np.concatenate([[t1 - t0, timed.t], cpp, [timed.t - cpp.sum(), t_read[0]]])
+        logits = s.logits.numpy  # and what a step returning the logits would read instead
+        t_logits = time.perf_counter()
+        x = logits()
+        t_logits = time.perf_counter() - t_logits
+        t_argmax = time.perf_counter()
+        np.argmax(x[-1])
+        t_argmax = time.perf_counter() - t_argmax
     finally:
         runtime.rt = timed.rt
+        del s.greedy.numpy
     t *= 1e3 / steps
-    print(f"-- host per {key} decode step, untraced (ms, {steps} steps): wall {t[0]:.3f}; Session.step {t[1]:.3f}, "
-          f"of which CudaRuntime.run {t[2]:.3f} = plan {t[3]:.3f} + record {t[4]:.3f} + replay {t[5]:.3f} + wait "
-          f"{t[6]:.3f} + bindings and the rest {t[7]:.3f}; the rest of Session.step {t[1] - t[2]:.3f} (a logits "
-          f"read alone {t[9]:.3f}); argmax {t[8]:.3f}")
+    print(f"-- host per {key} decode step, untraced (ms, {steps} steps): Session.next_token {t[0]:.3f}, of which "
+          f"CudaRuntime.run {t[1]:.3f} = plan {t[2]:.3f} + record {t[3]:.3f} + replay {t[4]:.3f} + wait {t[5]:.3f} + "
+          f"bindings and the rest {t[6]:.3f}; the rest of the step {t[0] - t[1]:.3f} (the token read {t[7]:.3f}). "
+          f"Reading the logits instead would take {t_logits * 1e3:.3f}, and their argmax {t_argmax * 1e3:.3f}")
 
 
 def kernels_per_step(s: Session) -> int:

@@ -111,6 +111,7 @@ class _Runtime:
         self.kept: dict = {}  # results updated in place, returned as the same objects next run (see CudaRuntime.run)
         self._donated_key = None  # (graph._donated as a frozenset, the donated in-place inputs): rebuilt when it changes
         self._want: dict[int, tuple[str, str]] = {}  # input id -> (storage dtype, node dtype)
+        self.resend: set | None = None  # inputs to send though not set again (None: all, on the first run)
 
     def _device_input(self, nid: int, value) -> DeviceArray:
         want, node_dtype = self._want.get(nid) or self._want.setdefault(
@@ -128,13 +129,18 @@ class _Runtime:
         self.uploaded[nid] = (value, dev)
         return dev
 
-    def run(self, data: dict, dims: dict) -> dict:
+    def run(self, data: dict, dims: dict, changed: set) -> dict:
+        """`changed`: the inputs set since the last run (cleared once sent); only those, and the ones not sent yet,
+        can differ from what the runtime holds (a decode step sets one small input of several hundred)."""
         inputs = {}
         sent = self.sent
-        for nid, v in data.items():
-            if sent.get(nid) is not v and nid in self.live_inputs:  # (the identity test first: most are unchanged)
+        for nid in (data if self.resend is None else changed | self.resend):
+            v = data[nid]
+            if sent.get(nid) is not v and nid in self.live_inputs:  # (set again to the same array: not sent again)
                 inputs[nid] = self._device_input(nid, v)
                 sent[nid] = v
+        changed.clear()
+        self.resend = set()
         # The donated in-place inputs, worked out again only when the set of donated inputs changed (a decode step
         # donates the same caches every time).
         key = self._donated_key
@@ -145,10 +151,11 @@ class _Runtime:
         try:
             return self.rt.run(inputs, dims, donated, self.kept)
         finally:
-            # A donated host array's device copy was updated in place and no longer holds what was set: set again, it
-            # is uploaded again (after a failed run too, which may have written some rows). A device array set is
-            # the one updated, and stays as sent.
+            # A donated host array's device copy was updated in place and no longer holds what was set: the next run
+            # uploads the array again (after a failed run too, which may have written some rows). A device array set
+            # is the one updated, and stays as sent.
             for nid in donated:
                 if not isinstance(sent.get(nid), DeviceArray):
                     self.uploaded.pop(nid, None)
                     sent.pop(nid, None)
+                    self.resend.add(nid)

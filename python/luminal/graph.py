@@ -35,6 +35,7 @@ class Graph:
     def __init__(self):
         self._g = _core.Graph()
         self._data: dict[int, np.ndarray] = {}  # Input node id -> data in storage layout
+        self._changed: set[int] = set()  # inputs set since the last execute (a runtime keeping data sends only these)
         self._dims: dict[str, int] = {}
         self._fresh: set[str] = set()  # dims bound since the last execute: binding one differently is a conflict
         self._results: dict[int, np.ndarray] = {}
@@ -108,8 +109,9 @@ class Graph:
         """Runs every output with the data and dims bound so far."""
         self._results = {}
         if self._runtime is not None:
-            out = self._runtime.run(self._data, self._dims)
+            out = self._runtime.run(self._data, self._dims, self._changed)
         else:
+            self._changed.clear()
             if self._executor is None:
                 self._executor = _core.Executor(self._g)
             data = self._data
@@ -181,6 +183,7 @@ class Graph:
                                 f"of {have.name} with shape {array.shape}")
             self._bind(node.shape, array.shape, node.name)
             self._data[nid] = array
+            self._changed.add(nid)
             self._on_device.add(nid)
             return
         if hasattr(array, "detach"):  # a torch tensor
@@ -199,6 +202,7 @@ class Graph:
         else:
             arr = np.require(arr, dtype=want.np, requirements="C")  # keeps 0-d arrays 0-d
         self._data[nid] = arr
+        self._changed.add(nid)
         self._on_device.discard(nid)
 
     def _bind(self, shape, actual, name):

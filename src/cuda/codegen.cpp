@@ -107,6 +107,11 @@ __device__ __forceinline__ void pdl_start() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// Asks L2 for the first 32 lines (4 KB) of a weight row from `off` (bytes), a line per lane: a matrix-vector kernel
+// does this before pdl_start, while the kernel before it finishes, so that its first loads find the weights there.
+__device__ __forceinline__ void prefetch_row(const void* b, i64 off, i64 bytes, int lane) {
+  if (lane * 128 < bytes) asm volatile("prefetch.global.L2 [%0];" :: "l"((const char*)b + off + lane * 128));
+}
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -265,7 +270,8 @@ class Generator {
     t.replace(at, 4, name);
     size_t body = t.find(") {\n", at);
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
-    t.insert(body + 4, "  pdl_start();\n");  // first, in every kernel (see the prelude)
+    // First in every kernel (see the prelude), unless the kernel places it after a prologue of its own.
+    if (t.find("pdl_start();") == std::string::npos) t.insert(body + 4, "  pdl_start();\n");
     fns_ += t + "\n";
     sched_.kernels.emplace_back(name, t);
     return name;
@@ -549,9 +555,14 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
+    std::string row0 = "(blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5";
+    int bsz = int(dtype_size(bs));
     k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
       << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
-      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+      << "  if (" << row0 << " < p[1]) {\n" << unravel(av, 0, R - 1, row0)
+      << "    prefetch_row(in1, (" << ViewText{bv}.offset(idx) << ") * " << bsz << ", K * " << bsz << ", lane);\n  }\n"
+      << "  pdl_start();\n"
+      << "  for (i64 row = " << row0 << "; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
       << dot_rows(as, "in0", "oa", {{bs, "in1", "ob", "acc"}}, 4)
@@ -892,7 +903,7 @@ void Generator::group_matvecs() {
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
   const std::vector<Step>& steps = sched_.steps;
-  Text sig, esig, k;  // the members' arguments, then the epilogues'
+  Text sig, esig, k, pre;  // the members' arguments, then the epilogues'; the prefetch of each warp's first row
   sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -911,21 +922,29 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(s0.node).inputs[0].node);
-    body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
-    body << "    i64 oa = 0";
-    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0";
-    body << ";\n";
+    // The unit's branch and its row's offsets, shared by the prefetch before pdl_start and the work after it.
+    Text head;
+    head << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    head << "    i64 oa = 0";
+    for (int j = 0; j < c; ++j) head << ", ob" << m0 + j << " = 0";
+    head << ";\n";
     for (int j = 0; j < c; ++j) {
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
-      body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
-      if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
-      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
+      head << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
+      if (j == 0) head << "    oa = " << ViewText{av}.offset(idx) << ";\n";
+      head << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
     }
+    head << "    i64 K = P" << m0 << "[2];\n";
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
-    body << "    i64 K = P" << m0 << "[2];\n" << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
+    pre << head.str() << "    (void)oa;\n";
+    for (auto& w : ws) {
+      int sz = int(dtype_size(w.storage));
+      pre << "    prefetch_row(" << w.ptr << ", " << w.off << " * " << sz << ", K * " << sz << ", lane);\n";
+    }
+    body << head.str() << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(steps[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
@@ -957,7 +976,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
-  k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
+  k << ";\n  i64 row0 = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"
+    << "  if (row0 < total) {\n    i64 r = row0;\n" << pre.str() << "    }\n  }\n  pdl_start();\n"
+    << "  for (i64 row = row0; row < total; row += nw) {\n"
     << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
   return add_kernel(k.str());
 }

@@ -55,6 +55,9 @@ class Session:
                           g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
         logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only)
         self.logits = logits.output()
+        # The greedy next token, computed in the graph: a greedy step reads back it (4 bytes), not the logits (a GPU
+        # step otherwise copies the whole vocabulary row to the host and argmaxes it there).
+        self.greedy = logits[-1].argmax().output()
         self.cache_out = [(k.output(), v.output()) for k, v in new]
         t = time.perf_counter()
         g.compile(*(compilers if compilers is not None else [GenericCompiler(), CPUCompiler()]))
@@ -110,6 +113,15 @@ class Session:
 
     def step(self, ids) -> np.ndarray:
         """Feeds tokens after the cached ones; returns their logits."""
+        self._feed(ids)
+        return self.logits.numpy()
+
+    def next_token(self, ids) -> int:
+        """Feeds tokens after the cached ones; returns the greedy next token (the argmax of the last logits row)."""
+        self._feed(ids)
+        return int(self.greedy.numpy())
+
+    def _feed(self, ids):
         ids = np.asarray(ids, np.int32).reshape(-1)
         if self.length + len(ids) > self._capacity:
             self._give_caches(max(2 * self._capacity, self.length + len(ids)))
@@ -125,23 +137,27 @@ class Session:
                 self._caches[i] = t_out.result()
                 t_in.set(self._caches[i], donate=True)
         self.length += len(ids)
-        return self.logits.numpy()
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop_ids=()):
         """Yields new token ids; `self.stats` holds prefill and decode timings afterwards."""
         # Greedy decoding draws nothing: an unseeded generator would pull in OpenSSL (3 MB) for its entropy.
         rng = np.random.default_rng(seed) if temperature > 0 else None
+
+        def after(ids):
+            if rng is None:
+                return self.next_token(ids)
+            return sample(self.step(ids)[-1], temperature, top_k, top_p, rng)
+
         t0 = time.perf_counter()
-        logits = self.step(prompt_ids)
+        tok = after(prompt_ids)
         t1 = time.perf_counter()
         self.stats = {"prefill_tokens": len(prompt_ids), "prefill_s": t1 - t0, "decode_tokens": 0, "decode_s": 0.0}
         for _ in range(max_new_tokens):
-            tok = sample(logits[-1], temperature, top_k, top_p, rng)
             if tok in stop_ids:
                 break
             yield tok
             t = time.perf_counter()
-            logits = self.step([tok])
+            tok = after([tok])
             self.stats["decode_tokens"] += 1
             self.stats["decode_s"] += time.perf_counter() - t
