@@ -16,7 +16,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--graphs-off] [--pdl-off] [--trace] [--profile]
+        [--no-compile] [--graphs-off] [--pdl-off] [--prefetch-off] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -249,7 +249,8 @@ def run_model(key, args, bw):
     # Variants of luminal's runtime, for comparison: each the same loop under one environment setting.
     variants = [(args.one_graph, "luminal (one graph)", "LUMINAL_CUDA_GRAPH_CHUNKS"),  # one graph, not chunks
                 (args.graphs_off, "luminal (no graphs)", "LUMINAL_CUDA_GRAPHS"),  # direct launches
-                (args.pdl_off, "luminal (no PDL)", "LUMINAL_CUDA_PDL")]  # no programmatic dependent launch
+                (args.pdl_off, "luminal (no PDL)", "LUMINAL_CUDA_PDL"),  # no programmatic dependent launch
+                (args.prefetch_off, "luminal (no prefetch)", "LUMINAL_CUDA_PREFETCH")]  # no weight prefetch
     for on, name, var in variants:
         if on:
             os.environ[var] = "0"
@@ -377,19 +378,19 @@ def host_breakdown(s: Session, key: str, prompt, steps: int = 32):
         tok = s.next_token([tok])
     runtime = s.graph._runtime
     timed = runtime.rt = Timed(runtime.rt)
-    read = s.greedy.numpy
+    read = s.graph._result
     t_read = [0.0]
 
-    def timed_read():  # the step's token read (a device-to-host copy), shadowing the method
+    def timed_read(out):  # the step's token read (a device-to-host copy), shadowing the method
         t = time.perf_counter()
         try:
-            return read()
+            return read(out)
         finally:
             t_read[0] = time.perf_counter() - t
 
-    s.greedy.numpy = timed_read
+    s.graph._result = timed_read
     try:
-        t = np.zeros(9)
+        t = np.zeros(8)
         for _ in range(steps):
             t0 = time.perf_counter()
             tok = s.next_token([tok])
@@ -405,7 +406,7 @@ def host_breakdown(s: Session, key: str, prompt, steps: int = 32):
         t_argmax = time.perf_counter() - t_argmax
     finally:
         runtime.rt = timed.rt
-        del s.greedy.numpy
+        del s.graph._result
     t *= 1e3 / steps
     print(f"-- host per {key} decode step, untraced (ms, {steps} steps): Session.next_token {t[0]:.3f}, of which "
           f"CudaRuntime.run {t[1]:.3f} = plan {t[2]:.3f} + record {t[3]:.3f} + replay {t[4]:.3f} + wait {t[5]:.3f} + "
@@ -431,6 +432,7 @@ def main():
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     p.add_argument("--pdl-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PDL=0")
+    p.add_argument("--prefetch-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PREFETCH=0")
     args = p.parse_args()
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import math
+
 import numpy as np
 import pytest
 
@@ -305,6 +307,42 @@ def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
     if backend.name == "cuda":  # one kernel; one by one: 5 products, the residual add and silu(gate) * up
         assert g._runtime.rt.last_launches() == (1 if tokens < 16 else 7)
+
+
+def test_attention_over_a_cache(backend, rng):
+    """Scores, a masked softmax and the weighted values over a token-major cache (grouped heads, as Llama decodes):
+    on the GPU one kernel per step while the rows are few and the keys fit in shared memory, else the three steps
+    one by one (many rows: prefill; very many keys). Each against float64 numpy."""
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    H, D = 4, 16
+    g = lm.Graph()
+    q = g.tensor((H, "m", D), name="q")
+    kc, vc = g.tensor(("t", H, D), name="k"), g.tensor(("t", H, D), name="v")
+    mask = g.tensor(("m", "t"), name="mask")
+    s = (q @ kc.transpose(0, 1).transpose(1, 2)) * (1 / math.sqrt(D)) + mask
+    o = (s.softmax(-1) @ vc.transpose(0, 1)).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    launches = []
+    for m, t in ((3, 37), (160, 37), (3, 11000)):  # fused; 640 rows; 11000 keys
+        x = {n: rng.data(shape).astype(np.float32) for n, shape in (("q", (H, m, D)), ("k", (t, H, D)), ("v", (t, H, D)))}
+        mk = np.where(rng.data((m, t)) > 0.6, -np.inf, 0.0).astype(np.float32)
+        mk[:, 0] = 0.0
+        q.set(x["q"]), kc.set(x["k"]), vc.set(x["v"]), mask.set(mk)
+        g.execute()
+        k64, v64 = x["k"].astype(np.float64).transpose(1, 0, 2), x["v"].astype(np.float64).transpose(1, 0, 2)
+        sc = x["q"].astype(np.float64) @ k64.transpose(0, 2, 1) / math.sqrt(D) + mk
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        want = (p / p.sum(-1, keepdims=True)) @ v64
+        np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"{m} rows, {t} keys; {rng!r}")
+        if backend.name == "cuda":
+            launches.append(g._runtime.rt.last_launches())
+    cuda = [c for c in g.compilers if isinstance(c, lm.CudaCompiler)]
+    if cuda:
+        assert "Attention/group" in cuda[0].schedule.kernel_ops(g._g).values()
+    if backend.name == "cuda":  # (an H100's 132 SMs: one kernel while the rows are at most 528)
+        assert launches[0] + 2 == launches[1] == launches[2], launches
 
 
 @gpu
