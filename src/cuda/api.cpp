@@ -103,7 +103,6 @@ Driver load_driver() {
   bind(h, d.cuCtxSynchronize, "cuCtxSynchronize", L);
   bind(h, d.cuModuleLoadData, "cuModuleLoadData", L);
   bind(h, d.cuModuleGetFunction, "cuModuleGetFunction", L);
-  bind(h, d.cuModuleGetGlobal, "cuModuleGetGlobal_v2", L);
   bind(h, d.cuMemAlloc, "cuMemAlloc_v2", L);
   bind(h, d.cuMemFree, "cuMemFree_v2", L);
   bind(h, d.cuMemcpyHtoD, "cuMemcpyHtoD_v2", L);

@@ -107,13 +107,6 @@ __device__ __forceinline__ void pdl_start() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-// Asks L2 for the first 32 lines (4 KB) of a weight row from `off` (bytes), a line per lane: a matrix-vector kernel
-// does this before pdl_start, while the kernel before it finishes, so that its first loads find the weights there.
-// (The runtime clears luminal_prefetch under LUMINAL_CUDA_PREFETCH=0, for comparison.)
-__device__ int luminal_prefetch = 1;
-__device__ __forceinline__ void prefetch_row(const void* b, i64 off, i64 bytes, int lane) {
-  if (luminal_prefetch && lane * 128 < bytes) asm volatile("prefetch.global.L2 [%0];" :: "l"((const char*)b + off + lane * 128));
-}
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -272,8 +265,7 @@ class Generator {
     t.replace(at, 4, name);
     size_t body = t.find(") {\n", at);
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
-    // First in every kernel (see the prelude), unless the kernel places it after a prologue of its own.
-    if (t.find("pdl_start();") == std::string::npos) t.insert(body + 4, "  pdl_start();\n");
+    t.insert(body + 4, "  pdl_start();\n");  // first, in every kernel (see the prelude)
     fns_ += t + "\n";
     sched_.kernels.emplace_back(name, t);
     return name;
@@ -559,14 +551,9 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
-    std::string row0 = "(blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5";
-    int bsz = int(dtype_size(bs));
     k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
       << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
-      << "  if (" << row0 << " < p[1]) {\n" << unravel(av, 0, R - 1, row0)
-      << "    prefetch_row(in1, (" << ViewText{bv}.offset(idx) << ") * " << bsz << ", K * " << bsz << ", lane);\n  }\n"
-      << "  pdl_start();\n"
-      << "  for (i64 row = " << row0 << "; row < p[1]; row += nw) {\n"
+      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
       << dot_rows(as, "in0", "oa", {{bs, "in1", "ob", "acc"}}, 4)
@@ -907,7 +894,7 @@ void Generator::group_matvecs() {
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
   const std::vector<Step>& steps = sched_.steps;
-  Text sig, esig, k, pre;  // the members' arguments, then the epilogues'; the prefetch of each warp's first row
+  Text sig, esig, k;  // the members' arguments, then the epilogues'
   sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -926,8 +913,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(s0.node).inputs[0].node);
-    // The unit's branch and its row's offsets, shared by the prefetch before pdl_start and the work after it.
-    Text head;
+    Text head;  // the unit's branch and its row's offsets
     head << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     head << "    i64 oa = 0";
     for (int j = 0; j < c; ++j) head << ", ob" << m0 + j << " = 0";
@@ -943,11 +929,6 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
-    pre << head.str() << "    (void)oa;\n";
-    for (auto& w : ws) {
-      int sz = int(dtype_size(w.storage));
-      pre << "    prefetch_row(" << w.ptr << ", " << w.off << " * " << sz << ", K * " << sz << ", lane);\n";
-    }
     body << head.str() << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
@@ -980,9 +961,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
-  k << ";\n  i64 row0 = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"
-    << "  if (row0 < total) {\n    i64 r = row0;\n" << pre.str() << "    }\n  }\n  pdl_start();\n"
-    << "  for (i64 row = row0; row < total; row += nw) {\n"
+  k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
     << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
   return add_kernel(k.str());
 }
@@ -1101,21 +1080,54 @@ std::string Generator::attention_kernel(const Step& S, const Step& P, const Step
     << "  i64 tn = " << ViewText{qv}.shape(R - 2) << ", dn = p[2], nn, rows;\n"
     << "  { const i64* p = PO;\n    nn = " << ViewText{vv}.shape(RO - 2) << ";\n    rows = nn ? p[1] / nn : 0; }\n"
     << "  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n";
-  // (1) scores
-  auto qk = [&](const ViewSlot& v, const std::string& t) {
+  // (1) scores: 8 lanes per key, 8 keys per warp per round (two per lane group), each lane's loads issued before
+  // its multiplies; 16-byte loads when both rows are contiguous and aligned (checked per row: the views say).
+  auto qk = [&](const ViewSlot& v, const std::string& t, const std::string& d) {
     std::vector<std::string> idx = names("i", 0, R - 2);
     idx.push_back(t);
-    idx.push_back("d");
+    idx.push_back(d);
     return ViewText{v}.offset(idx);
   };
+  std::string ql = "ld_" + std::string(dtype_name(qs)), kl = "ld_" + std::string(dtype_name(ks));
+  bool f32 = qs == DType::F32 && ks == DType::F32;
   k << "    {\n" << unravel(qv, 0, R - 2, "row")
-    << "    for (i64 t0 = w * 4; t0 < tn; t0 += nw * 4) {\n      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    << "      for (i64 d = lane; d < dn; d += 32)\n#pragma unroll\n        for (int u = 0; u < 4; ++u) {\n"
-    << "          i64 t = t0 + u < tn ? t0 + u : tn - 1;\n"
-    << "          acc[u] += (float)ld_" << dtype_name(qs) << "(q_, " << qk(qv, "t") << ") * (float)ld_" << dtype_name(ks)
-    << "(k_, " << qk(kv, "t") << ");\n        }\n"
-    << "#pragma unroll\n      for (int u = 0; u < 4; ++u) {\n        float a = warp_sum(acc[u]);\n"
-    << "        if (lane == 0 && t0 + u < tn) s_[t0 + u] = rd_" << dtype_name(sn.dtype) << "<float>(a);\n      }\n    }\n    }\n"
+    << "    int sub = lane & 7, kg = lane >> 3;\n";
+  if (f32)
+    k << "    bool v4 = dn % 4 == 0 && " << ViewText{qv}.stride(R - 1) << " == 1 && " << ViewText{kv}.stride(R - 1)
+      << " == 1 && ((" << qk(qv, "0", "0") << ") | (" << qk(kv, "0", "0") << ") | " << ViewText{qv}.stride(R - 2)
+      << " | " << ViewText{kv}.stride(R - 2) << ") % 4 == 0 && ((unsigned long long)q_ & 15) == 0 && "
+      << "((unsigned long long)k_ & 15) == 0;\n";
+  else
+    k << "    bool v4 = false;\n";
+  k << "    for (i64 t0 = (i64)w * 8; t0 < tn; t0 += (i64)nw * 8) {\n"
+    << "      i64 ta = t0 + kg, tb = t0 + 4 + kg;\n"
+    << "      i64 ca = ta < tn ? ta : tn - 1, cb = tb < tn ? tb : tn - 1;\n"
+    << "      float sa = 0.0f, sb = 0.0f;\n"
+    << "      if (v4) {\n"
+    << "        for (i64 d0 = sub * 4; d0 < dn; d0 += 128) {\n"
+    << "          float4 qa[4], qb[4], ka[4], kb[4];\n"
+    << "#pragma unroll\n          for (int j = 0; j < 4; ++j) {\n            i64 d = d0 + 32 * j;\n"
+    << "            if (d < dn) {\n"
+    << "              qa[j] = *(const float4*)((const float*)q_ + " << qk(qv, "ca", "d") << ");\n"
+    << "              qb[j] = *(const float4*)((const float*)q_ + " << qk(qv, "cb", "d") << ");\n"
+    << "              ka[j] = *(const float4*)((const float*)k_ + " << qk(kv, "ca", "d") << ");\n"
+    << "              kb[j] = *(const float4*)((const float*)k_ + " << qk(kv, "cb", "d") << ");\n"
+    << "            } else {\n              qa[j] = qb[j] = ka[j] = kb[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n            }\n"
+    << "          }\n"
+    << "#pragma unroll\n          for (int j = 0; j < 4; ++j) {\n"
+    << "            sa += qa[j].x * ka[j].x + qa[j].y * ka[j].y + qa[j].z * ka[j].z + qa[j].w * ka[j].w;\n"
+    << "            sb += qb[j].x * kb[j].x + qb[j].y * kb[j].y + qb[j].z * kb[j].z + qb[j].w * kb[j].w;\n"
+    << "          }\n        }\n"
+    << "      } else {\n"
+    << "#pragma unroll 4\n        for (i64 d = sub; d < dn; d += 8) {\n"
+    << "          sa += (float)" << ql << "(q_, " << qk(qv, "ca", "d") << ") * (float)" << kl << "(k_, " << qk(kv, "ca", "d") << ");\n"
+    << "          sb += (float)" << ql << "(q_, " << qk(qv, "cb", "d") << ") * (float)" << kl << "(k_, " << qk(kv, "cb", "d") << ");\n"
+    << "        }\n      }\n"
+    << "      for (int o = 4; o > 0; o >>= 1) {\n"
+    << "        sa += __shfl_xor_sync(0xffffffffu, sa, o);\n        sb += __shfl_xor_sync(0xffffffffu, sb, o);\n      }\n"
+    << "      if (sub == 0 && ta < tn) s_[ta] = rd_" << dtype_name(sn.dtype) << "<float>(sa);\n"
+    << "      if (sub == 0 && tb < tn) s_[tb] = rd_" << dtype_name(sn.dtype) << "<float>(sb);\n"
+    << "    }\n    }\n"
     << "    __syncthreads();\n";
   // (2) P's program over the row, the scores read from shared memory
   std::string j = "i" + std::to_string(RP - 1);
@@ -1143,17 +1155,38 @@ std::string Generator::attention_kernel(const Step& S, const Step& P, const Step
   k << "    for (i64 " << j << " = threadIdx.x; " << j << " < tn; " << j << " += blockDim.x) {\n"
     << body_of(prog.needed_for(last), size_t(-1)) << "    s_[" << j << "] = (float)rd_" << dtype_name(pn.dtype) << "<"
     << TT << ">(r" << int(last) << ");\n    }\n    }\n    __syncthreads();\n";
-  // (3) O's row
+  // (3) O's row: lanes across n (4 each: 16-byte loads when v's rows are contiguous and aligned), warps across t
+  // (4 at a time, their loads issued together), the warps' sums added through shared memory.
   std::vector<std::string> vidx = names("i", 0, RO - 2);
   vidx.push_back("n");
   vidx.push_back("t");
-  k << "    {\n    const i64* p = PO;\n" << unravel(vv, 0, RO - 2, "row")
-    << "    for (i64 n0 = 0; n0 < nn; n0 += 128) {\n      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    << "#pragma unroll 4\n      for (i64 t = w; t < tn; t += nw) {\n        float pt = s_[t];\n"
-    << "        for (int u = 0; u < 4; ++u) {\n          i64 n = n0 + lane + 32 * u;\n"
-    << "          if (n < nn) acc[u] += pt * (float)ld_" << dtype_name(vs) << "(v_, " << ViewText{vv}.offset(vidx)
-    << ");\n        }\n      }\n"
-    << "      for (int u = 0; u < 4; ++u) red[w][lane + 32 * u] = acc[u];\n      __syncthreads();\n"
+  std::string vo = ViewText{vv}.offset(vidx);
+  k << "    {\n    const i64* p = PO;\n" << unravel(vv, 0, RO - 2, "row");
+  {
+    std::vector<std::string> z = names("i", 0, RO - 2);
+    z.push_back("0");
+    z.push_back("0");
+    if (vs == DType::F32)
+      k << "    bool v4 = nn % 4 == 0 && " << ViewText{vv}.stride(RO - 2) << " == 1 && ((" << ViewText{vv}.offset(z)
+        << ") | " << ViewText{vv}.stride(RO - 1) << ") % 4 == 0 && ((unsigned long long)v_ & 15) == 0;\n";
+    else
+      k << "    bool v4 = false;\n";
+  }
+  k << "    for (i64 n0 = 0; n0 < nn; n0 += 128) {\n      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    << "      i64 nl = n0 + 4 * lane;\n"
+    << "      for (i64 t0 = w; t0 < tn; t0 += (i64)nw * 4) {\n"
+    << "        float x[4][4], pt[4];\n"
+    << "#pragma unroll\n        for (int m = 0; m < 4; ++m) {\n"
+    << "          i64 t = t0 + (i64)nw * m;\n          pt[m] = t < tn ? s_[t] : 0.0f;\n          if (t >= tn) t = tn - 1;\n"
+    << "          if (v4 && nl < nn) {\n            i64 n = nl;\n"
+    << "            float4 f = *(const float4*)((const float*)v_ + " << vo << ");\n"
+    << "            x[m][0] = f.x; x[m][1] = f.y; x[m][2] = f.z; x[m][3] = f.w;\n"
+    << "          } else {\n            for (int u = 0; u < 4; ++u) {\n              i64 n = v4 ? nl + u : n0 + lane + 32 * u;\n"
+    << "              x[m][u] = n < nn ? (float)ld_" << dtype_name(vs) << "(v_, " << vo << ") : 0.0f;\n            }\n          }\n"
+    << "        }\n"
+    << "#pragma unroll\n        for (int m = 0; m < 4; ++m)\n          for (int u = 0; u < 4; ++u) acc[u] += pt[m] * x[m][u];\n"
+    << "      }\n"
+    << "      for (int u = 0; u < 4; ++u) red[w][v4 ? 4 * lane + u : lane + 32 * u] = acc[u];\n      __syncthreads();\n"
     << "      for (int c = threadIdx.x; c < 128; c += blockDim.x) {\n        i64 n = n0 + c;\n"
     << "        if (n >= nn) continue;\n        float a = 0.0f;\n        for (int u = 0; u < nw; ++u) a += red[u][c];\n"
     << "        st_" << dtype_name(on.dtype) << "(out, row * nn + n, a);\n      }\n      __syncthreads();\n    }\n    }\n"

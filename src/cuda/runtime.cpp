@@ -746,7 +746,7 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, std::vector<char
     const std::vector<int64_t>& os = plan.shapes[o_id];
     int64_t T = plan.shapes[s_.steps[G.members[1]].node].back(), N = os.empty() ? 1 : os.back();
     int64_t rows = N ? numel_of(os) / N : 0;
-    if (rows > int64_t(sms_) * 4 || T > 10000) return false;
+    if (!fused_attention_ || rows > int64_t(sms_) * 4 || T > 10000) return false;
     for (size_t m : G.members) ptr_[s_.steps[m].node] = out_of(s_.steps[m].node);
     std::vector<CUdeviceptr>& args = group_args_;
     args = {ptr_[o_id], ptr_[sn.inputs[0].node], ptr_[sn.inputs[1].node], slot(G.members[1])};
@@ -845,15 +845,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
   const char* chunks = std::getenv("LUMINAL_CUDA_GRAPH_CHUNKS");  // "0": one graph for the whole run
   one_graph_ = chunks && std::string(chunks) == "0";
-  const char* pf = std::getenv("LUMINAL_CUDA_PREFETCH");
-  int prefetch = pf && std::string(pf) == "0" ? 0 : 1;
-  if (prefetch != prefetch_) {  // (a module global: set between runs, never while kernels run)
-    CUdeviceptr at = 0;
-    size_t bytes = 0;
-    check(driver().cuModuleGetGlobal(&at, &bytes, module_, "luminal_prefetch"), "cuModuleGetGlobal");
-    check(driver().cuMemcpyHtoD(at, &prefetch, sizeof prefetch), "cuMemcpyHtoD", "luminal_prefetch");
-    prefetch_ = prefetch;
-  }
+  const char* att = std::getenv("LUMINAL_CUDA_ATTENTION");  // "0": attention groups run their steps one by one
+  fused_attention_ = !(att && std::string(att) == "0");
   const char* pdl = std::getenv("LUMINAL_CUDA_PDL");
   pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !(pdl && std::string(pdl) == "0");
   npending_ = launched_ = nchunk_ = 0;

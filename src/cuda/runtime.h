@@ -121,7 +121,7 @@ class Runtime {
   size_t chunk_size(size_t k) const { return one_graph_ ? SIZE_MAX : k < 3 ? size_t(16) << k : 128; }
   bool one_graph_ = false;  // LUMINAL_CUDA_GRAPH_CHUNKS=0: the whole run as one graph (for comparison)
   bool pdl_ = false;        // programmatic edges between a chunk's kernels (sm_90+; LUMINAL_CUDA_PDL=0: off)
-  int prefetch_ = 1;        // the module's luminal_prefetch (LUMINAL_CUDA_PREFETCH=0: 0)
+  bool fused_attention_ = true;  // Attention groups as one kernel (LUMINAL_CUDA_ATTENTION=0: the steps one by one)
   std::vector<Launch> pending_;
   size_t npending_ = 0, launched_ = 0, nchunk_ = 0;  // launches recorded into the current chunk; chunks this run
   std::array<double, 4> times_{};
