@@ -16,7 +16,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--graphs-off] [--pdl-off] [--attention-off] [--trace] [--profile]
+        [--no-compile] [--graphs-off] [--pdl-off] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -240,8 +240,7 @@ def run_model(key, args, bw):
     variants = [(name, var) for on, name, var in (
         (args.one_graph, "luminal (one graph)", "LUMINAL_CUDA_GRAPH_CHUNKS"),  # one graph, not chunks
         (args.graphs_off, "luminal (no graphs)", "LUMINAL_CUDA_GRAPHS"),  # direct launches
-        (args.pdl_off, "luminal (no PDL)", "LUMINAL_CUDA_PDL"),  # no programmatic dependent launch
-        (args.attention_off, "luminal (unfused attn)", "LUMINAL_CUDA_ATTENTION")) if on]  # attention in 3 kernels
+        (args.pdl_off, "luminal (no PDL)", "LUMINAL_CUDA_PDL")) if on]  # no programmatic dependent launch
     rates = {"luminal": [], "torch eager": [], "torch.compile": [], **{name: [] for name, _ in variants}}
     toks = {}
     for rep in range(args.reps):
@@ -435,7 +434,6 @@ def main():
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     p.add_argument("--pdl-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PDL=0")
-    p.add_argument("--attention-off", action="store_true", help="also time luminal with LUMINAL_CUDA_ATTENTION=0")
     args = p.parse_args()
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()

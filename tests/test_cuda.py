@@ -309,10 +309,9 @@ def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
         assert g._runtime.rt.last_launches() == (1 if tokens < 16 else 7)
 
 
-def test_attention_over_a_cache(backend, rng, monkeypatch):
-    """Scores, a masked softmax and the weighted values over a token-major cache (grouped heads, as Llama decodes):
-    on the GPU one kernel per step while the rows are few and the keys fit in shared memory, else the three steps
-    one by one (many rows: prefill; very many keys; LUMINAL_CUDA_ATTENTION=0). Each against float64 numpy."""
+def test_attention_over_a_cache(backend, rng):
+    """Scores, a masked softmax and the weighted values over a token-major cache (grouped heads, as Llama decodes),
+    for few rows (decode), many rows (a prompt) and many keys, each against float64 numpy."""
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
@@ -324,9 +323,7 @@ def test_attention_over_a_cache(backend, rng, monkeypatch):
     s = (q @ kc.transpose(0, 1).transpose(1, 2)) * (1 / math.sqrt(D)) + mask
     o = (s.softmax(-1) @ vc.transpose(0, 1)).output()
     g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
-    launches = []
-    for m, t, env in ((3, 37, "1"), (160, 37, "1"), (3, 11000, "1"), (5, 20, "0")):  # fused; 640 rows; 11000 keys
-        monkeypatch.setenv("LUMINAL_CUDA_ATTENTION", env)
+    for m, t in ((3, 37), (160, 37), (3, 11000)):
         x = {n: rng.data(shape).astype(np.float32) for n, shape in (("q", (H, m, D)), ("k", (t, H, D)), ("v", (t, H, D)))}
         mk = np.where(rng.data((m, t)) > 0.6, -np.inf, 0.0).astype(np.float32)
         mk[:, 0] = 0.0
@@ -337,13 +334,6 @@ def test_attention_over_a_cache(backend, rng, monkeypatch):
         p = np.exp(sc - sc.max(-1, keepdims=True))
         want = (p / p.sum(-1, keepdims=True)) @ v64
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"{m} rows, {t} keys; {rng!r}")
-        if backend.name == "cuda":
-            launches.append(g._runtime.rt.last_launches())
-    cuda = [c for c in g.compilers if isinstance(c, lm.CudaCompiler)]
-    if cuda:
-        assert "Attention/group" in cuda[0].schedule.kernel_ops(g._g).values()
-    if backend.name == "cuda":  # (an H100's 132 SMs: one kernel while the rows are at most 528)
-        assert launches[0] + 2 == launches[1] == launches[2] == launches[3], launches
 
 
 @gpu

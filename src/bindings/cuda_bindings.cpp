@@ -90,10 +90,8 @@ void bind_cuda(py::module_& m) {
           for (auto& [name, tag] : names)
             if (!name->empty()) add(*name, op + tag);
         }
-        for (auto& G : s.groups)  // e.g. "MatMul x3/group", "MatMul x2+Fused/group", "Attention/group"
-          add(G.fn, G.kind == Group::Attention ? std::string("Attention/group")
-                                               : "MatMul x" + std::to_string(G.members.size()) +
-                                                     (G.epilogues.empty() ? "" : "+Fused") + "/group");
+        for (auto& G : s.groups)  // e.g. "MatMul x3/group", "MatMul x2+Fused/group"
+          add(G.fn, "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group");
         return out;
       })
       .def("host_steps", [](const Schedule& s) {

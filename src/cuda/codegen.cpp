@@ -304,8 +304,6 @@ class Generator {
   Step qmatmul_step(const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
   void group_matvecs();
-  void group_attention();
-  std::string attention_kernel(const Step& S, const Step& P, const Step& O, int scores);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
   Step dequant_step(const Node& n, int block_bytes);
@@ -913,23 +911,21 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(s0.node).inputs[0].node);
-    Text head;  // the unit's branch and its row's offsets
-    head << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
-    head << "    i64 oa = 0";
-    for (int j = 0; j < c; ++j) head << ", ob" << m0 + j << " = 0";
-    head << ";\n";
+    body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    body << "    i64 oa = 0";
+    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0";
+    body << ";\n";
     for (int j = 0; j < c; ++j) {
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
-      head << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
-      if (j == 0) head << "    oa = " << ViewText{av}.offset(idx) << ";\n";
-      head << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
+      body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
+      if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
+      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
     }
-    head << "    i64 K = P" << m0 << "[2];\n";
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
-    body << head.str() << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
+    body << "    i64 K = P" << m0 << "[2];\n" << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(steps[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
@@ -963,234 +959,6 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
   k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
     << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
-  return add_kernel(k.str());
-}
-
-// Decode attention: S = q k^T (a MatMul), P = a row program over S's rows (scale, mask, softmax; S its only
-// reader), O = P v (a MatMul reading row r of P for each of its columns, P its only reader) become an Attention
-// group: one kernel instead of three, the scores and probabilities kept in shared memory. S and P move next to O
-// (only P reads S and only O reads P, so nothing between them needs either).
-void Generator::group_attention() {
-  std::vector<Step>& steps = sched_.steps;
-  size_t ns = steps.size();
-  std::vector<long> at(g_.size(), -1);
-  std::vector<int> reads(g_.size(), 0);
-  for (size_t i = 0; i < ns; ++i) {
-    at[steps[i].node] = long(i);
-    for (auto& e : g_.node(steps[i].node).inputs) reads[e.node]++;
-  }
-  auto is_mm = [&](int64_t id) { const Node& n = g_.node(id); return n.op == Op::Custom && n.name == "MatMul"; };
-  struct Found { size_t s, p, o; int scores; };
-  std::vector<Found> found;
-  for (size_t o = 0; o < ns; ++o) {
-    const Step& os = steps[o];
-    if (os.gemv_fn.empty() || os.group >= 0) continue;  // a MatMul of float, unmasked operands
-    const Edge& pe = g_.node(os.node).inputs[0];
-    long pi = at[pe.node];
-    if (pi < 0 || reads[pe.node] != 1) continue;
-    const Step& ps = steps[size_t(pi)];
-    const Node& pn = g_.node(ps.node);
-    if (ps.kind != Step::Kernel || !ps.program || ps.group >= 0 || ps.program->reduce != Op::Input ||
-        !is_float(pn.dtype) || pn.shape.empty() || pn.op == Op::Output)
-      continue;
-    size_t r = pe.view.rank();
-    if (r < 2 || pe.view.has_mask() || pe.view.strides[r - 2] != Expr(0)) continue;
-    View per_row = pe.view;  // O's view of P without its column axis: P's rows, as stored
-    per_row.shape.erase(per_row.shape.begin() + long(r - 2));
-    per_row.strides.erase(per_row.strides.begin() + long(r - 2));
-    if (!per_row.is_contiguous() || numel(per_row.shape) != numel(pn.shape) || per_row.shape.back() != pn.shape.back())
-      continue;
-    int sk = -1;
-    bool ok = true;
-    for (size_t k = 0; k < pn.inputs.size(); ++k) {
-      const Edge& e = pn.inputs[k];
-      if (!is_mm(e.node)) continue;
-      const Node& sn = g_.node(e.node);
-      if (sk >= 0 || reads[e.node] != 1 || !e.view.is_contiguous() || numel(sn.shape) != numel(pn.shape) ||
-          sn.shape.empty() || sn.shape.back() != pn.shape.back())
-        ok = false;
-      sk = int(k);
-    }
-    if (!ok || sk < 0) continue;
-    long si = at[pn.inputs[size_t(sk)].node];
-    if (si < 0 || steps[size_t(si)].gemv_fn.empty() || steps[size_t(si)].group >= 0 || si > pi || pi > long(o)) continue;
-    found.push_back({size_t(si), size_t(pi), o, sk});
-  }
-  if (found.empty()) return;
-  // The new order: S and P just before O.
-  std::vector<char> moved(ns, 0);
-  std::vector<long> before(ns, -1);  // O's index -> its found entry
-  for (size_t f = 0; f < found.size(); ++f) {
-    moved[found[f].s] = moved[found[f].p] = 1;
-    before[found[f].o] = long(f);
-  }
-  std::vector<size_t> order;
-  for (size_t i = 0; i < ns; ++i) {
-    if (moved[i]) continue;
-    if (before[i] >= 0) {
-      order.push_back(found[size_t(before[i])].s);
-      order.push_back(found[size_t(before[i])].p);
-    }
-    order.push_back(i);
-  }
-  std::vector<size_t> now(ns);
-  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
-  for (Group& G : sched_.groups) {  // the matrix-vector groups' steps stay together (none was moved)
-    for (size_t& m : G.members) m = now[m];
-    for (size_t& e : G.epilogues) e = now[e];
-    G.first = now[G.first];
-    G.last = now[G.last];
-  }
-  for (auto& f : found) {
-    Group G;
-    G.kind = Group::Attention;
-    G.fn = attention_kernel(steps[f.s], steps[f.p], steps[f.o], f.scores);
-    G.members = {now[f.s], now[f.p], now[f.o]};
-    G.first = now[f.s];
-    G.last = now[f.o];
-    for (size_t i : {f.s, f.p, f.o}) steps[i].group = int(sched_.groups.size());
-    sched_.groups.push_back(std::move(G));
-  }
-  std::vector<Step> re;
-  re.reserve(ns);
-  for (size_t k : order) re.push_back(std::move(steps[k]));
-  steps = std::move(re);
-}
-
-// The Attention group's kernel: a block of 512 threads per row of O. (1) The row's scores S[t] = q . k_t into
-// shared memory, a warp per 4 keys; (2) P's program over them, its row reductions block-wide (as row_kernel), the
-// probabilities written over the scores; (3) O[n] = sum_t P[t] v[n, t], lanes across n, warps across t, summed
-// through shared memory. `p` is shadowed by each step's own parameter slice (S, P as PP, O as PO), so the view text
-// reads as in the steps' own kernels. Launched with 4 bytes of dynamic shared memory per key.
-std::string Generator::attention_kernel(const Step& S, const Step& P, const Step& O, int scores) {
-  const Node &sn = g_.node(S.node), &pn = g_.node(P.node), &on = g_.node(O.node);
-  const ViewSlot &qv = S.views[0], &kv = S.views[1], &vv = O.views[1];
-  int R = qv.rank, RO = vv.rank, RP = P.views.empty() ? 1 : P.views[0].rank;
-  DType qs = storage(sn.inputs[0].node), ks = storage(sn.inputs[1].node), vs = storage(on.inputs[1].node);
-  const Program& prog = *P.program;
-  bool dbl = double_registers(prog, pn);
-  std::string TT = dbl ? "double" : "float";
-  Text k;
-  k << "extern \"C\" __global__ __launch_bounds__(512) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
-    << "void* __restrict__ out, const void* __restrict__ q_, const void* __restrict__ k_, const i64* __restrict__ PP";
-  for (size_t j = 0; j < pn.inputs.size(); ++j) k << ", const void* __restrict__ X" << int(j);
-  k << ", const i64* __restrict__ PO, const void* __restrict__ v_) {\n"
-    << "  extern __shared__ float s_[];\n  __shared__ " << TT << " part[32];\n  __shared__ float red[16][128];\n"
-    << "  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
-    << "  i64 tn = " << ViewText{qv}.shape(R - 2) << ", dn = p[2], nn, rows;\n"
-    << "  { const i64* p = PO;\n    nn = " << ViewText{vv}.shape(RO - 2) << ";\n    rows = nn ? p[1] / nn : 0; }\n"
-    << "  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n";
-  // (1) scores: 8 lanes per key, 8 keys per warp per round (two per lane group), each lane's loads issued before
-  // its multiplies; 16-byte loads when both rows are contiguous and aligned (checked per row: the views say).
-  auto qk = [&](const ViewSlot& v, const std::string& t, const std::string& d) {
-    std::vector<std::string> idx = names("i", 0, R - 2);
-    idx.push_back(t);
-    idx.push_back(d);
-    return ViewText{v}.offset(idx);
-  };
-  std::string ql = "ld_" + std::string(dtype_name(qs)), kl = "ld_" + std::string(dtype_name(ks));
-  bool f32 = qs == DType::F32 && ks == DType::F32;
-  k << "    {\n" << unravel(qv, 0, R - 2, "row")
-    << "    int sub = lane & 7, kg = lane >> 3;\n";
-  if (f32)
-    k << "    bool v4 = dn % 4 == 0 && " << ViewText{qv}.stride(R - 1) << " == 1 && " << ViewText{kv}.stride(R - 1)
-      << " == 1 && ((" << qk(qv, "0", "0") << ") | (" << qk(kv, "0", "0") << ") | " << ViewText{qv}.stride(R - 2)
-      << " | " << ViewText{kv}.stride(R - 2) << ") % 4 == 0 && ((unsigned long long)q_ & 15) == 0 && "
-      << "((unsigned long long)k_ & 15) == 0;\n";
-  else
-    k << "    bool v4 = false;\n";
-  k << "    for (i64 t0 = (i64)w * 8; t0 < tn; t0 += (i64)nw * 8) {\n"
-    << "      i64 ta = t0 + kg, tb = t0 + 4 + kg;\n"
-    << "      i64 ca = ta < tn ? ta : tn - 1, cb = tb < tn ? tb : tn - 1;\n"
-    << "      float sa = 0.0f, sb = 0.0f;\n"
-    << "      if (v4) {\n"
-    << "        for (i64 d0 = sub * 4; d0 < dn; d0 += 128) {\n"
-    << "          float4 qa[4], qb[4], ka[4], kb[4];\n"
-    << "#pragma unroll\n          for (int j = 0; j < 4; ++j) {\n            i64 d = d0 + 32 * j;\n"
-    << "            if (d < dn) {\n"
-    << "              qa[j] = *(const float4*)((const float*)q_ + " << qk(qv, "ca", "d") << ");\n"
-    << "              qb[j] = *(const float4*)((const float*)q_ + " << qk(qv, "cb", "d") << ");\n"
-    << "              ka[j] = *(const float4*)((const float*)k_ + " << qk(kv, "ca", "d") << ");\n"
-    << "              kb[j] = *(const float4*)((const float*)k_ + " << qk(kv, "cb", "d") << ");\n"
-    << "            } else {\n              qa[j] = qb[j] = ka[j] = kb[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n            }\n"
-    << "          }\n"
-    << "#pragma unroll\n          for (int j = 0; j < 4; ++j) {\n"
-    << "            sa += qa[j].x * ka[j].x + qa[j].y * ka[j].y + qa[j].z * ka[j].z + qa[j].w * ka[j].w;\n"
-    << "            sb += qb[j].x * kb[j].x + qb[j].y * kb[j].y + qb[j].z * kb[j].z + qb[j].w * kb[j].w;\n"
-    << "          }\n        }\n"
-    << "      } else {\n"
-    << "#pragma unroll 4\n        for (i64 d = sub; d < dn; d += 8) {\n"
-    << "          sa += (float)" << ql << "(q_, " << qk(qv, "ca", "d") << ") * (float)" << kl << "(k_, " << qk(kv, "ca", "d") << ");\n"
-    << "          sb += (float)" << ql << "(q_, " << qk(qv, "cb", "d") << ") * (float)" << kl << "(k_, " << qk(kv, "cb", "d") << ");\n"
-    << "        }\n      }\n"
-    << "      for (int o = 4; o > 0; o >>= 1) {\n"
-    << "        sa += __shfl_xor_sync(0xffffffffu, sa, o);\n        sb += __shfl_xor_sync(0xffffffffu, sb, o);\n      }\n"
-    << "      if (sub == 0 && ta < tn) s_[ta] = rd_" << dtype_name(sn.dtype) << "<float>(sa);\n"
-    << "      if (sub == 0 && tb < tn) s_[tb] = rd_" << dtype_name(sn.dtype) << "<float>(sb);\n"
-    << "    }\n    }\n"
-    << "    __syncthreads();\n";
-  // (2) P's program over the row, the scores read from shared memory
-  std::string j = "i" + std::to_string(RP - 1);
-  std::vector<std::string> pidx = names("i", 0, RP);
-  std::map<int, std::string> given{{scores, "s_[" + j + "]"}};
-  auto body_of = [&](const std::vector<char>& need, size_t skip) {
-    return program_body(prog, P, pn, TT, dbl, pidx, need, skip, given);
-  };
-  k << "    {\n    const i64* p = PP;\n";
-  for (size_t q = 0; q < pn.inputs.size(); ++q)
-    if (int(q) != scores) k << "    const void* in" << int(q) << " = X" << int(q) << ";\n";
-  if (!P.views.empty()) k << unravel(P.views[0], 0, RP - 1, "row");
-  for (size_t i = 0; i < prog.code.size(); ++i) {
-    const Instr& in = prog.code[i];
-    if (in.kind != Instr::Reduce) continue;
-    bool sum = in.op == Op::SumReduce;
-    std::string init = sum ? "(" + TT + ")0" : lit(-INFINITY, !dbl);
-    k << "    " << TT << " k" << int(i) << ";\n    {\n    " << TT << " acc = " << init << ";\n"
-      << "    for (i64 " << j << " = threadIdx.x; " << j << " < tn; " << j << " += blockDim.x) {\n"
-      << body_of(prog.needed_for(i), i) << "    acc = " << (sum ? "acc + r" : "op_max(acc, r") << in.a << (sum ? "" : ")")
-      << ";\n    }\n    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << TT << ">(block_reduce(acc, "
-      << (sum ? "true" : "false") << ", part));\n    }\n";
-  }
-  size_t last = prog.code.size() - 1;
-  k << "    for (i64 " << j << " = threadIdx.x; " << j << " < tn; " << j << " += blockDim.x) {\n"
-    << body_of(prog.needed_for(last), size_t(-1)) << "    s_[" << j << "] = (float)rd_" << dtype_name(pn.dtype) << "<"
-    << TT << ">(r" << int(last) << ");\n    }\n    }\n    __syncthreads();\n";
-  // (3) O's row: lanes across n (4 each: 16-byte loads when v's rows are contiguous and aligned), warps across t
-  // (4 at a time, their loads issued together), the warps' sums added through shared memory.
-  std::vector<std::string> vidx = names("i", 0, RO - 2);
-  vidx.push_back("n");
-  vidx.push_back("t");
-  std::string vo = ViewText{vv}.offset(vidx);
-  k << "    {\n    const i64* p = PO;\n" << unravel(vv, 0, RO - 2, "row");
-  {
-    std::vector<std::string> z = names("i", 0, RO - 2);
-    z.push_back("0");
-    z.push_back("0");
-    if (vs == DType::F32)
-      k << "    bool v4 = nn % 4 == 0 && " << ViewText{vv}.stride(RO - 2) << " == 1 && ((" << ViewText{vv}.offset(z)
-        << ") | " << ViewText{vv}.stride(RO - 1) << ") % 4 == 0 && ((unsigned long long)v_ & 15) == 0;\n";
-    else
-      k << "    bool v4 = false;\n";
-  }
-  k << "    for (i64 n0 = 0; n0 < nn; n0 += 128) {\n      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
-    << "      i64 nl = n0 + 4 * lane;\n"
-    << "      for (i64 t0 = w; t0 < tn; t0 += (i64)nw * 4) {\n"
-    << "        float x[4][4], pt[4];\n"
-    << "#pragma unroll\n        for (int m = 0; m < 4; ++m) {\n"
-    << "          i64 t = t0 + (i64)nw * m;\n          pt[m] = t < tn ? s_[t] : 0.0f;\n          if (t >= tn) t = tn - 1;\n"
-    << "          if (v4 && nl < nn) {\n            i64 n = nl;\n"
-    << "            float4 f = *(const float4*)((const float*)v_ + " << vo << ");\n"
-    << "            x[m][0] = f.x; x[m][1] = f.y; x[m][2] = f.z; x[m][3] = f.w;\n"
-    << "          } else {\n            for (int u = 0; u < 4; ++u) {\n              i64 n = v4 ? nl + u : n0 + lane + 32 * u;\n"
-    << "              x[m][u] = n < nn ? (float)ld_" << dtype_name(vs) << "(v_, " << vo << ") : 0.0f;\n            }\n          }\n"
-    << "        }\n"
-    << "#pragma unroll\n        for (int m = 0; m < 4; ++m)\n          for (int u = 0; u < 4; ++u) acc[u] += pt[m] * x[m][u];\n"
-    << "      }\n"
-    << "      for (int u = 0; u < 4; ++u) red[w][v4 ? 4 * lane + u : lane + 32 * u] = acc[u];\n      __syncthreads();\n"
-    << "      for (int c = threadIdx.x; c < 128; c += blockDim.x) {\n        i64 n = n0 + c;\n"
-    << "        if (n >= nn) continue;\n        float a = 0.0f;\n        for (int u = 0; u < nw; ++u) a += red[u][c];\n"
-    << "        st_" << dtype_name(on.dtype) << "(out, row * nn + n, a);\n      }\n      __syncthreads();\n    }\n    }\n"
-    << "  }\n}\n";
   return add_kernel(k.str());
 }
 
@@ -1292,7 +1060,6 @@ Schedule Generator::run() {
     sched_.steps.push_back(std::move(st));
   }
   group_matvecs();
-  group_attention();
   sched_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(sched_);
 }

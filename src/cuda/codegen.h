@@ -50,12 +50,7 @@ struct Step {
 // (epilogues). Otherwise the steps run one by one. The steps [first, last] are the group's, next to each other.
 // The kernel's arguments: parameters, error word, the activations; per member its parameter slice, output and
 // weights; per epilogue its parameter slice, output and inputs.
-// An Attention group (decode): the steps S = q k^T, P = a row program over S (scale, mask, softmax) and O = P v
-// as one kernel, a block per row of O, when O has few rows (otherwise the steps run one by one: prefill's matrix
-// products go to tensor cores). Its members are S, P, O; its kernel's arguments: S's parameter slice, error word,
-// O's output, q, k; P's slice and inputs; O's slice and v.
 struct Group {
-  enum Kind { MatVec, Attention } kind = MatVec;
   std::string fn;
   std::vector<size_t> members, epilogues;  // step indices, in the kernel's argument order
   std::vector<size_t> units;               // per unit (a warp's row): its first member's index in `members`

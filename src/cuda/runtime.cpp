@@ -311,7 +311,8 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     in_place_ok_.push_back(dest && g_.node(dest->node).op == Op::Input && readers[dest->node] == 1 &&
                            is_plain(g_, *dest) && s_.storage[dest->node] == s_.storage[st.node]);
   }
-  // An Iota that depends on no dim (an argmax's index row) is computed and uploaded once, like a constant.
+  // An Iota that depends on no dim (an argmax's index row) is computed and uploaded once, like a constant (in the
+  // plan's Iota block, the 128256 indices of a vocabulary were sent again with every plan).
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     if (st.kind != Step::Iota || step_vars_[i]) continue;
@@ -614,7 +615,7 @@ void Runtime::upload_plan() {
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
-                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads, unsigned smem) {
+                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
   if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
   ++launched_;
   // Recorded into a reused entry (no allocation per launch once warm).
@@ -623,7 +624,6 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   l.f = fns_.at(fn);
   l.node = node;
   l.threads = threads;
-  l.smem = smem;
   // Kernels loop over their work (grid-stride), so any grid is correct: blocks are rounded up to a power of two,
   // so that a decode step whose work grows by a row keeps its grid (and a CUDA graph its node) for many steps.
   int64_t threads_needed = std::max<int64_t>(1, per_row ? items * 32 : items);
@@ -650,7 +650,7 @@ void Runtime::execute(const Launch& l) {
     args = big.data();
   }
   for (size_t k = 0; k < l.args.size(); ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
-  CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, nullptr, args, nullptr);
+  CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, 0, nullptr, args, nullptr);
   if (r) {
     const Node& n = g_.node(l.node);
     check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
@@ -658,8 +658,8 @@ void Runtime::execute(const Launch& l) {
 }
 
 namespace {
-KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, unsigned smem,
-                             std::vector<void*>& argp, std::vector<CUdeviceptr>& args) {
+KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, std::vector<void*>& argp,
+                             std::vector<CUdeviceptr>& args) {
   argp.resize(args.size());
   for (size_t k = 0; k < args.size(); ++k) argp[k] = &args[k];
   KernelNodeParams p{};
@@ -669,7 +669,6 @@ KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned thread
   p.gridDimZ = grid[2];
   p.blockDimX = threads;
   p.blockDimY = p.blockDimZ = 1;
-  p.sharedMemBytes = smem;
   p.kernelParams = argp.data();
   return p;
 }
@@ -690,10 +689,8 @@ void Runtime::replay(size_t n) {
   if (same) {
     for (size_t i = 0; i < n; ++i) {
       Launch &now = pending_[i], &was = c.launches[i];
-      if (now.args == was.args && now.threads == was.threads && now.smem == was.smem &&
-          std::equal(now.grid, now.grid + 3, was.grid))
-        continue;
-      KernelNodeParams p = node_params(now.f, now.grid, now.threads, now.smem, argp, now.args);
+      if (now.args == was.args && now.threads == was.threads && std::equal(now.grid, now.grid + 3, was.grid)) continue;
+      KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
   } else {
@@ -708,8 +705,7 @@ void Runtime::replay(size_t n) {
     edge.from_port = 1;
     edge.type = 1;
     for (size_t i = 0; i < n; ++i) {
-      KernelNodeParams p =
-          node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, pending_[i].smem, argp, pending_[i].args);
+      KernelNodeParams p = node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, argp, pending_[i].args);
       bool chain = i && !pdl_;
       check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0, &p),
             "cuGraphAddKernelNode");
@@ -736,33 +732,12 @@ Runtime::~Runtime() {
 template <class OutOf>
 bool Runtime::launch_group(const Group& G, const OutOf& out_of, std::vector<char>& done) {
   const Plan& plan = *plan_;
-  auto slot = [&](size_t i) { return params_->ptr + plan.slot[i] * sizeof(int64_t); };
-  if (G.kind == Group::Attention) {
-    // One block per row of O while the rows are few (decode) and the row's scores fit in shared memory (with the
-    // kernel's 8 KB, within the 48 KB a kernel gets without asking); otherwise (prefill) the steps run one by one.
-    int64_t o_id = s_.steps[G.members[2]].node;
-    const Node &sn = g_.node(s_.steps[G.members[0]].node), &pn = g_.node(s_.steps[G.members[1]].node),
-               &on = g_.node(o_id);
-    const std::vector<int64_t>& os = plan.shapes[o_id];
-    int64_t T = plan.shapes[s_.steps[G.members[1]].node].back(), N = os.empty() ? 1 : os.back();
-    int64_t rows = N ? numel_of(os) / N : 0;
-    if (!fused_attention_ || rows > int64_t(sms_) * 4 || T > 10000) return false;
-    for (size_t m : G.members) ptr_[s_.steps[m].node] = out_of(s_.steps[m].node);
-    std::vector<CUdeviceptr>& args = group_args_;
-    args = {ptr_[o_id], ptr_[sn.inputs[0].node], ptr_[sn.inputs[1].node], slot(G.members[1])};
-    for (auto& e : pn.inputs) args.push_back(ptr_[e.node]);
-    args.push_back(slot(G.members[2]));
-    args.push_back(ptr_[on.inputs[1].node]);
-    unsigned grid[3] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(sms_) * 16))), 1, 1};
-    launch(G.fn, o_id, plan.slot[G.members[0]], rows, false, args, grid, 512, unsigned(T) * 4);
-    for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
-    return true;
-  }
   for (size_t m : G.members)
     if (plan.variant[m] != 1) return false;
   std::vector<CUdeviceptr>& args = group_args_;
   const Step& s0 = s_.steps[G.members[0]];
   args.assign(1, ptr_[g_.node(s0.node).inputs[0].node]);
+  auto slot = [&](size_t i) { return params_->ptr + plan.slot[i] * sizeof(int64_t); };
   for (size_t m : G.members) {
     const Node& n = g_.node(s_.steps[m].node);
     ptr_[s_.steps[m].node] = out_of(s_.steps[m].node);
@@ -845,8 +820,6 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
   const char* chunks = std::getenv("LUMINAL_CUDA_GRAPH_CHUNKS");  // "0": one graph for the whole run
   one_graph_ = chunks && std::string(chunks) == "0";
-  const char* att = std::getenv("LUMINAL_CUDA_ATTENTION");  // "0": attention groups run their steps one by one
-  fused_attention_ = !(att && std::string(att) == "0");
   const char* pdl = std::getenv("LUMINAL_CUDA_PDL");
   pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !(pdl && std::string(pdl) == "0");
   npending_ = launched_ = nchunk_ = 0;

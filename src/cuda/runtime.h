@@ -90,8 +90,7 @@ class Runtime {
   bool up_iota_ = false;                 // ... and whether the Iota values changed
   Bindings last_dims_, last_delta_;      // the dims of the run before, and how they moved (to predict the next)
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
-              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256,
-              unsigned smem = 0);
+              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
 
   Graph g_;
   Schedule s_;
@@ -104,7 +103,7 @@ class Runtime {
   // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
   struct Launch {
     CUfunction f;
-    unsigned grid[3], threads, smem;  // (smem: dynamic shared memory bytes)
+    unsigned grid[3], threads;
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
     int64_t node;
   };
@@ -121,7 +120,6 @@ class Runtime {
   size_t chunk_size(size_t k) const { return one_graph_ ? SIZE_MAX : k < 3 ? size_t(16) << k : 128; }
   bool one_graph_ = false;  // LUMINAL_CUDA_GRAPH_CHUNKS=0: the whole run as one graph (for comparison)
   bool pdl_ = false;        // programmatic edges between a chunk's kernels (sm_90+; LUMINAL_CUDA_PDL=0: off)
-  bool fused_attention_ = true;  // Attention groups as one kernel (LUMINAL_CUDA_ATTENTION=0: the steps one by one)
   std::vector<Launch> pending_;
   size_t npending_ = 0, launched_ = 0, nchunk_ = 0;  // launches recorded into the current chunk; chunks this run
   std::array<double, 4> times_{};
