@@ -617,6 +617,13 @@ def test_argmax_ties_pick_first(backend, rng, dtype):
           backend=backend, rng=rng, name="argmax ties")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_argmax_picks_the_first_nan(backend, rng, dtype):
+    data = np.array([[1.0, 3.0, NAN, 0.5, NAN], [2.0, -1.0, 4.0, 4.0, 0.0], [-1.0, NAN, NAN, 5.0, -2.0]])
+    check(lambda t: [t.argmax(1), t.argmin(1), t.argmax(0), t.argmax()], None, dtype=dtype, arrays=[data],
+          backend=backend, rng=rng, name="argmax with NaN")
+
+
 def test_int_reductions(backend, rng):
     x = rng.data((3, 4, 5), "int").astype(np.int32)
     x[x == 0] = 1

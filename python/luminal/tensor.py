@@ -547,7 +547,9 @@ class Tensor:
         m = x.max(ax, keepdim=True)
         idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
         # First index of the max: maximise n - i over the positions that hit it.
-        hit = ~(x.lt(m) | m.lt(x))  # equal, or both NaN: torch's argmax picks a NaN as the max
+        # Equal to the max; if that is NaN (torch's argmax picks a NaN as the max), the NaNs (a comparison with a
+        # NaN max is false everywhere, which would make every position a hit).
+        hit = (~(x.lt(m) | m.lt(x)) & ~m.isnan()) | x.isnan()
         score = hit.to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
         out = _scalar(self.graph, n, dt.int32) - score.max(ax, keepdim)
         return out

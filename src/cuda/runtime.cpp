@@ -694,10 +694,12 @@ void Runtime::replay(size_t n) {
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
   } else {
-    if (c.exec) d.cuGraphExecDestroy(c.exec);
-    if (c.graph) d.cuGraphDestroy(c.graph);
-    c.exec = nullptr;
+    CUgraphExec exec = c.exec;
+    CUgraph graph = c.graph;
+    c.exec = nullptr;  // (cleared first: a failure below must not leave them for the destructor to free again)
     c.graph = nullptr;
+    if (exec) check(d.cuGraphExecDestroy(exec), "cuGraphExecDestroy");
+    if (graph) check(d.cuGraphDestroy(graph), "cuGraphDestroy");
     check(d.cuGraphCreate(&c.graph, 0), "cuGraphCreate");
     c.nodes.assign(n, nullptr);
     c.pdl = pdl_;
@@ -721,6 +723,7 @@ void Runtime::replay(size_t n) {
 }
 
 Runtime::~Runtime() {
+  // (Unchecked: a destructor cannot raise, and these fail only once the context itself is gone.)
   for (Chunk& c : chunks_) {
     if (c.exec) driver().cuGraphExecDestroy(c.exec);
     if (c.graph) driver().cuGraphDestroy(c.graph);
