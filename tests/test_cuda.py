@@ -3,11 +3,10 @@ on a GPU, device arrays, data that stays on the device, and the compute dtype. T
 the `cuda` backend through conftest's backend list; `cuda-nvrtc` compiles every kernel they generate without a GPU."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
-
-import math
 
 import numpy as np
 import pytest

@@ -101,6 +101,16 @@ CUfunction convert_fn(DType from, DType to) {
   return f;
 }
 
+// An Iota's `len` values under `dims` (its expression over the element index z), in its dtype.
+std::vector<uint8_t> iota_values(const Node& n, int64_t len, Bindings dims) {
+  std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
+  for (int64_t z = 0; z < len; ++z) {
+    dims["z"] = z;
+    store_from_double(host.data(), z, n.dtype, double(n.expr.eval(dims)));
+  }
+  return host;
+}
+
 unsigned grid_for(int64_t threads_needed) {
   int64_t cap = int64_t(device().sms) * 32;
   return unsigned(std::max<int64_t>(1, std::min<int64_t>((threads_needed + 255) / 256, cap)));
@@ -318,13 +328,7 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     if (st.kind != Step::Iota || step_vars_[i]) continue;
     const Node& n = g_.node(st.node);
     int64_t len = n.shape.empty() ? 1 : n.shape[0].as_const();
-    std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
-    Bindings b;
-    for (int64_t z = 0; z < len; ++z) {
-      b["z"] = z;
-      store_from_double(host.data(), z, n.dtype, double(n.expr.eval(b)));
-    }
-    constants_[st.node] = upload(host.data(), n.dtype, {len});
+    constants_[st.node] = upload(iota_values(n, len, {}).data(), n.dtype, {len});
   }
   for (auto& st : s_.steps) has_host_steps_ = has_host_steps_ || st.kind == Step::Host;
   err_ = device_alloc(sizeof(int));
@@ -404,14 +408,7 @@ void Runtime::build_plan(const Bindings& dims) {
       shape.push_back(v);
     }
     if (st.kind == Step::Iota && !constants_.count(st.node)) {
-      int64_t len = shape[0];
-      std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
-      Bindings b = dims;
-      for (int64_t z = 0; z < len; ++z) {
-        b["z"] = z;
-        store_from_double(host.data(), z, n.dtype, double(n.expr.eval(b)));
-      }
-      P.iota[st.node] = std::move(host);
+      P.iota[st.node] = iota_values(n, shape[0], dims);
       iota_changed = true;
     }
     if (st.kind != Step::Kernel) continue;

@@ -55,8 +55,8 @@ class Session:
                           g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
         logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only)
         self.logits = logits.output()
-        # The greedy next token, computed in the graph: a greedy step reads back it (4 bytes), not the logits (a GPU
-        # step otherwise copies the whole vocabulary row to the host and argmaxes it there).
+        # The greedy next token, computed in the graph: a greedy step reads it back (4 bytes), not the logits (a GPU
+        # step would otherwise copy the whole vocabulary row to the host to argmax it there).
         self.greedy = logits[-1].argmax().output()
         self.cache_out = [(k.output(), v.output()) for k, v in new]
         t = time.perf_counter()
