@@ -809,12 +809,14 @@ void Generator::group_matvecs() {
       if (m == g0 || ready(m, g0, {})) members.push_back(m);
     std::vector<Unit> units;
     std::vector<char> placed(members.size(), 0);
+    std::vector<long> ep(members.size());
+    for (size_t j = 0; j < members.size(); ++j) ep[j] = epilogue_of(members[j]);
     for (size_t j = 0; j < members.size(); ++j) {
       if (placed[j]) continue;
       Unit u;
-      long f = epilogue_of(members[j]);
+      long f = ep[j];
       for (size_t k = j; k < members.size() && f >= 0; ++k)
-        if (!placed[k] && epilogue_of(members[k]) == f) u.ms.push_back(k);
+        if (!placed[k] && ep[k] == f) u.ms.push_back(k);
       std::vector<int64_t> ids;
       for (size_t k : u.ms) ids.push_back(steps[members[k]].node);
       if (f >= 0 && u.ms.size() <= 4 && ready(size_t(f), g0, ids)) {

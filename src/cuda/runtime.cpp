@@ -101,6 +101,12 @@ CUfunction convert_fn(DType from, DType to) {
   return f;
 }
 
+// Whether environment variable `name` is "0": how the runtime's features are turned off (for comparison).
+bool env_zero(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "0";
+}
+
 // An Iota's `len` values under `dims` (its expression over the element index z), in its dtype.
 std::vector<uint8_t> iota_values(const Node& n, int64_t len, Bindings dims) {
   std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
@@ -782,8 +788,8 @@ void Runtime::plan_ahead(const Bindings& dims) {
   last_delta_ = std::move(delta);
   if (!steady || !plan_) return;
   Bindings next = dims;
-  for (auto& [name, d] : last_delta_) {
-    if (d == INT64_MAX || next[name] + d < 0) return;
+  for (auto& [name, d] : last_delta_) {  // (steady: no dim newly bound, so no INT64_MAX here)
+    if (next[name] + d < 0) return;
     next[name] += d;
   }
   try {
@@ -816,12 +822,9 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   if (profile) prof["(plan)"] = {times_[0], 1};
   // CUDA graphs (LUMINAL_CUDA_GRAPHS=0 turns them off), unless profiling (which times each kernel) or a step runs on
   // the host.
-  const char* env = std::getenv("LUMINAL_CUDA_GRAPHS");
-  graphs_on_ = !profile && !has_host_steps_ && !(env && std::string(env) == "0");
-  const char* chunks = std::getenv("LUMINAL_CUDA_GRAPH_CHUNKS");  // "0": one graph for the whole run
-  one_graph_ = chunks && std::string(chunks) == "0";
-  const char* pdl = std::getenv("LUMINAL_CUDA_PDL");
-  pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !(pdl && std::string(pdl) == "0");
+  graphs_on_ = !profile && !has_host_steps_ && !env_zero("LUMINAL_CUDA_GRAPHS");
+  one_graph_ = env_zero("LUMINAL_CUDA_GRAPH_CHUNKS");  // one graph for the whole run
+  pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !env_zero("LUMINAL_CUDA_PDL");
   npending_ = launched_ = nchunk_ = 0;
   const Plan& plan = *plan_;
   std::vector<CUdeviceptr>& ptr = ptr_;
@@ -957,8 +960,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   auto t_recorded = clock::now();
   if (graphs_on_ && npending_) replay(npending_);  // the last chunk
   auto t_replayed = clock::now();
-  const char* ahead = std::getenv("LUMINAL_CUDA_PLAN_AHEAD");  // "0": off (for comparison)
-  if (graphs_on_ && !(ahead && std::string(ahead) == "0")) plan_ahead(dims);  // while the GPU runs what was launched
+  if (graphs_on_ && !env_zero("LUMINAL_CUDA_PLAN_AHEAD")) plan_ahead(dims);  // while the GPU runs what was launched
   // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
   int code = 0;
   check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");
