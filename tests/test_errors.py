@@ -431,6 +431,22 @@ def test_gather_out_of_range_index_at_execute(backend, kind, index):
         cx.execute()
 
 
+def test_a_queued_run_raises_its_device_error_when_read(backend):
+    """execute(wait=False) only queues a GPU run: its out-of-range index is raised when a result is read; then the
+    graph runs again with a good index (the CPU backends finish the run, and raise, in execute)."""
+    cx = lm.Graph()
+    table = cx.tensor((4, 3)).set(np.arange(12, dtype=np.float32).reshape(4, 3))
+    i = cx.tensor((2,), dtype="int32").set(np.asarray([1, 4], np.int32))
+    out = table.index_select(0, i).output()
+    compiled(cx, backend)
+    with pytest.raises(IndexError, match="out of range"):
+        cx.execute(wait=False)
+        out.numpy()
+    i.set(np.asarray([3, 0], np.int32))
+    cx.execute(wait=False)
+    np.testing.assert_array_equal(out.numpy(), np.arange(12, dtype=np.float32).reshape(4, 3)[[3, 0]])
+
+
 @pytest.mark.parametrize("index", [[[3, 0, 0], [0, 0, 0]], [[0, 0, 0], [-1, 0, 0]]], ids=["past-end", "negative"])
 def test_gather_out_of_range_inside_flat_buffer(backend, index):
     cx, out = _gather_graph("gather1", index, backend)

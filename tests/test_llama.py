@@ -155,6 +155,32 @@ def test_next_token_is_the_argmax_of_the_logits(tmp_path, backend, seed):
     assert toks == want and len(set(want)) > 1  # (distinct tokens: not a constant answer)
 
 
+def test_greedy_generation_runs_a_step_ahead(tmp_path, backend, seed):
+    """generate() at temperature 0 queues the step feeding a token before reading it: the tokens are next_token's,
+    and a step fed the stop token, or left queued when the caller stops early, is forgotten (the session continues
+    as if it never ran). Capacity 4: the caches grow while steps are queued."""
+    cfg = tiny_config()
+    write_tiny(tmp_path, cfg, seed)
+    model, _ = load_llama(tmp_path, progress=False)
+    sess = Session(model, [GenericCompiler()] + backend.compilers("float32"), capacity=4)
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, 5).tolist()
+    want = [sess.next_token(ids)]
+    for _ in range(12):
+        want.append(sess.next_token([want[-1]]))
+    sess.reset()
+    assert list(sess.generate(ids, 12)) == want[:12]
+    assert sess.length == 5 + 12 and sess.stats["decode_tokens"] == 12
+    k = next(k for k in range(1, 12) if want[k] not in want[:k])  # stops at its first occurrence
+    sess.reset()
+    assert list(sess.generate(ids, 12, stop_ids={want[k]})) == want[:k]
+    assert sess.length == 5 + k and sess.next_token([want[k]]) == want[k + 1]
+    sess.reset()
+    it = sess.generate(ids, 12)
+    got = [next(it) for _ in range(3)]
+    it.close()
+    assert got == want[:3] and sess.length == 5 + 2 and sess.next_token([got[-1]]) == want[3]
+
+
 def test_sample():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal(50)

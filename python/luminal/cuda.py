@@ -129,7 +129,7 @@ class _Runtime:
         self.uploaded[nid] = (value, dev)
         return dev
 
-    def run(self, data: dict, dims: dict, changed: set) -> dict:
+    def run(self, data: dict, dims: dict, changed: set, wait: bool = True) -> dict:
         """`changed`: the inputs set since the last run (cleared once sent); only those, and the ones not sent yet,
         can differ from what the runtime holds (a decode step sets one small input of several hundred)."""
         inputs = {}
@@ -149,7 +149,7 @@ class _Runtime:
                                        [nid for nid in self.graph._donated if nid in self.in_place])
         donated = key[1]
         try:
-            return self.rt.run(inputs, dims, donated, self.kept)
+            return self.rt.run(inputs, dims, donated, self.kept, wait)
         finally:
             # A donated host array's device copy was updated in place and no longer holds what was set: the next run
             # uploads the array again (after a failed run too, which may have written some rows). A device array set

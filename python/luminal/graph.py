@@ -105,11 +105,15 @@ class Graph:
                 self.compilers.append(cc)
         return self
 
-    def execute(self):
-        """Runs every output with the data and dims bound so far."""
+    def execute(self, wait: bool = True):
+        """Runs every output with the data and dims bound so far.
+
+        `wait=False` lets a backend that runs on a device (CUDA) return once the run is queued: reading a result
+        waits for it (and raises the run's device-side error, such as an index out of range), and the host can
+        prepare the next run meanwhile. The CPU backends always finish the run first."""
         self._results = {}
         if self._runtime is not None:
-            out = self._runtime.run(self._data, self._dims, self._changed)
+            out = self._runtime.run(self._data, self._dims, self._changed, wait)
         else:
             self._changed.clear()
             if self._executor is None:

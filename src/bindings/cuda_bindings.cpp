@@ -112,7 +112,11 @@ void bind_cuda(py::module_& m) {
       .def("numpy", [](const DeviceArray& a) {
         std::vector<py::ssize_t> shape(a.shape.begin(), a.shape.end());
         py::array out(np_dtype(a.dtype), shape);
-        download(a, out.mutable_data());
+        void* host = out.mutable_data();
+        {
+          py::gil_scoped_release release;  // (may wait for the run that writes it)
+          download(a, host);
+        }
         return out;
       }, "Copies the data to the host (bfloat16 as raw uint16 bits).")
       .def("astype", [](const DeviceArray& a, const std::string& d) { return convert(a, dtype_from_name(d)); })
@@ -141,14 +145,14 @@ void bind_cuda(py::module_& m) {
       .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
       .def("last_times", &Runtime::last_times, "Host seconds of the last run: (plan, record, replay, wait for the device).")
       .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated,
-                     std::optional<py::dict> kept) {
+                     std::optional<py::dict> kept, bool wait) {
         std::unordered_map<int64_t, DeviceArray> in;
         for (auto [k, v] : inputs) in[k.cast<int64_t>()] = v.cast<DeviceArray>();
         Bindings b = bindings_of(dims);
         std::unordered_map<int64_t, DeviceArray> out;
         {
           py::gil_scoped_release release;  // host steps retake it for Python kernels
-          out = rt.run(in, b, donated);
+          out = rt.run(in, b, donated, wait);
         }
         // A result that is the same array as the object kept from the run before (a KV cache updated in place)
         // comes back as that object: a decode step then makes one new Python object (the logits), not ~65.
@@ -176,7 +180,10 @@ void bind_cuda(py::module_& m) {
         }
         return r;
       }, py::arg("inputs"), py::arg("dims"), py::arg("donated") = std::vector<int64_t>{}, py::arg("kept") = py::none(),
+      py::arg("wait") = true,
       "Runs with `inputs` (only those changed since the last run are needed) and returns {output id: DeviceArray}. "
+      "`wait=False` returns once the run is queued: reading a result waits for it (and raises its device-side "
+      "error). "
       "`kept` (a dict the caller keeps between runs) holds the results updated in place; a result that is the same "
       "array as the one kept is returned as that same object.");
 }

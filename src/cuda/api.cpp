@@ -107,6 +107,14 @@ Driver load_driver() {
   bind(h, d.cuMemFree, "cuMemFree_v2", L);
   bind(h, d.cuMemcpyHtoD, "cuMemcpyHtoD_v2", L);
   bind(h, d.cuMemcpyDtoH, "cuMemcpyDtoH_v2", L);
+  bind(h, d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", L);
+  bind(h, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", L);
+  bind(h, d.cuStreamCreate, "cuStreamCreate", L);
+  bind(h, d.cuStreamSynchronize, "cuStreamSynchronize", L);
+  bind(h, d.cuEventCreate, "cuEventCreate", L);
+  bind(h, d.cuEventRecord, "cuEventRecord", L);
+  bind(h, d.cuEventSynchronize, "cuEventSynchronize", L);
+  bind(h, d.cuEventDestroy, "cuEventDestroy_v2", L);
   bind(h, d.cuMemAllocHost, "cuMemAllocHost_v2", L);
   bind(h, d.cuMemFreeHost, "cuMemFreeHost", L);
   bind(h, d.cuMemcpyDtoD, "cuMemcpyDtoD_v2", L);

@@ -25,6 +25,7 @@ using CUstream = struct CUstream_st*;
 using CUgraph = struct CUgraph_st*;
 using CUgraphNode = struct CUgraphNode_st*;
 using CUgraphExec = struct CUgraphExec_st*;
+using CUevent = struct CUevent_st*;
 // CUgraphEdgeData: from_port 1 (CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC) with type 1
 // (CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC) lets the downstream kernel start once every upstream block has triggered.
 struct GraphEdgeData {
@@ -60,6 +61,15 @@ struct Driver {
   CUresult (*cuMemFree)(CUdeviceptr);
   CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void*, size_t);
   CUresult (*cuMemcpyDtoH)(void*, CUdeviceptr, size_t);
+  // Queued copies (no wait for the stream's earlier work): a run's uploads from page-locked staging, and reads.
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, size_t, CUstream);
+  CUresult (*cuStreamCreate)(CUstream*, unsigned);
+  CUresult (*cuStreamSynchronize)(CUstream);
+  CUresult (*cuEventCreate)(CUevent*, unsigned);
+  CUresult (*cuEventRecord)(CUevent, CUstream);
+  CUresult (*cuEventSynchronize)(CUevent);
+  CUresult (*cuEventDestroy)(CUevent);
   CUresult (*cuMemAllocHost)(void**, size_t);  // page-locked host memory (the staging buffer of reads)
   CUresult (*cuMemFreeHost)(void*);
   CUresult (*cuMemcpyDtoD)(CUdeviceptr, CUdeviceptr, size_t);

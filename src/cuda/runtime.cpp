@@ -117,12 +117,84 @@ std::vector<uint8_t> iota_values(const Node& n, int64_t len, Bindings dims) {
   return host;
 }
 
+// Fences are reused (an event and a page-locked error word each): a decode step makes one, and creating events or
+// page-locked memory per run would cost more than the rest of the run's host work.
+struct FencePool {
+  std::mutex mu;
+  std::vector<Fence*> free;
+  int* words = nullptr;  // page-locked error words, handed out in blocks
+  size_t left = 0;
+};
+FencePool& fence_pool() {
+  static FencePool* p = new FencePool;  // never destroyed: fences may outlive everything else at exit
+  return *p;
+}
+
+// Reads of a finished run's results go through this stream: it does not wait for the runs queued after it, as the
+// default stream would (a non-blocking stream does not synchronise with the legacy default stream).
+CUstream read_stream() {
+  static CUstream s = [] {
+    CUstream st = nullptr;
+    check(driver().cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+    return st;
+  }();
+  return s;
+}
+
 unsigned grid_for(int64_t threads_needed) {
   int64_t cap = int64_t(device().sms) * 32;
   return unsigned(std::max<int64_t>(1, std::min<int64_t>((threads_needed + 255) / 256, cap)));
 }
 
 }  // namespace
+
+std::shared_ptr<Fence> new_fence() {
+  FencePool& pool = fence_pool();
+  std::lock_guard<std::mutex> l(pool.mu);
+  Fence* f = nullptr;
+  if (!pool.free.empty()) {
+    f = pool.free.back();
+    pool.free.pop_back();
+  } else {
+    auto made = std::make_unique<Fence>();
+    check(driver().cuEventCreate(&made->event, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+    if (!pool.left) {
+      void* p = nullptr;
+      check(driver().cuMemAllocHost(&p, 4096), "cuMemAllocHost");
+      pool.words = static_cast<int*>(p);
+      pool.left = 4096 / sizeof(int);
+    }
+    made->err = pool.words++;
+    pool.left--;
+    f = made.release();
+  }
+  f->waited = false;
+  f->code = 0;
+  f->labels.reset();
+  // Back to the pool with its last owner. (A copy still queued into its word lands before the next run's copy,
+  // which is queued after it on the same stream.)
+  return std::shared_ptr<Fence>(f, [](Fence* x) {
+    FencePool& p = fence_pool();
+    std::lock_guard<std::mutex> l(p.mu);
+    p.free.push_back(x);
+  });
+}
+
+void Fence::wait() {
+  if (!waited) {
+    set_context();
+    check(driver().cuEventSynchronize(event), "cuEventSynchronize");
+    waited = true;
+    code = *err;
+    if (code) check(driver().cuMemsetD8(err_word, 0, sizeof(int)), "cuMemsetD8");  // (runs queued since may see it too)
+  }
+  if (!code) return;
+  int64_t node = code / 4;
+  std::string op = labels && size_t(node) < labels->size() ? (*labels)[size_t(node)] : "a kernel";
+  const char* what[] = {"", "a padded view reads outside its buffer", "an index is out of range for the table's rows",
+                        "an index is out of range for the destination's rows"};
+  throw std::out_of_range(op + " (node " + std::to_string(node) + "): " + what[code % 4]);
+}
 
 DeviceBuffer::~DeviceBuffer() {
   if (ptr) pool().give_back(ptr, bytes);
@@ -144,14 +216,21 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
   return a;
 }
 
-// Reads of 64 KiB to 16 MiB (a decode step's logits: 0.5 MB for a 128k vocabulary) go through one page-locked
-// staging buffer: the device writes it at full PCIe speed and a memcpy moves it on, where a copy into pageable
-// memory is staged by the driver in small pieces. Smaller reads are latency-bound, larger ones rare.
+// Reads wait for the run that wrote the array (its fence), then copy on the read stream, so that runs queued after
+// it keep the device busy meanwhile; an array no run wrote (an upload) is read behind everything queued. Reads up
+// to 16 MiB (a decode step's token or logits) go through one page-locked staging buffer: the device writes it at
+// full PCIe speed and a memcpy moves it on, where a copy into pageable memory is staged by the driver in pieces.
 void download(const DeviceArray& a, void* host) {
   set_context();
   size_t n = a.nbytes();
-  if (n < (size_t(64) << 10) || n > (size_t(16) << 20)) {
-    if (n) check(driver().cuMemcpyDtoH(host, a.buf->ptr, n), "cuMemcpyDtoH");
+  if (!n) return;
+  std::shared_ptr<Fence> fence = a.buf->fence;
+  if (fence) fence->wait();
+  CUstream stream = fence ? read_stream() : nullptr;
+  const Driver& d = driver();
+  if (n > (size_t(16) << 20)) {
+    check(d.cuMemcpyDtoHAsync(host, a.buf->ptr, n, stream), "cuMemcpyDtoHAsync");
+    check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
     return;
   }
   static std::mutex mu;
@@ -159,14 +238,15 @@ void download(const DeviceArray& a, void* host) {
   static size_t staging_bytes = 0;
   std::lock_guard<std::mutex> l(mu);
   if (staging_bytes < n) {
-    size_t want = size_class(n);
+    size_t want = std::max(size_class(n), size_t(64) << 10);
     void* p = nullptr;
-    check(driver().cuMemAllocHost(&p, want), "cuMemAllocHost");
-    if (staging) check(driver().cuMemFreeHost(staging), "cuMemFreeHost");
+    check(d.cuMemAllocHost(&p, want), "cuMemAllocHost");
+    if (staging) check(d.cuMemFreeHost(staging), "cuMemFreeHost");
     staging = p;
     staging_bytes = want;
   }
-  check(driver().cuMemcpyDtoH(staging, a.buf->ptr, n), "cuMemcpyDtoH");
+  check(d.cuMemcpyDtoHAsync(staging, a.buf->ptr, n, stream), "cuMemcpyDtoHAsync");
+  check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
   std::memcpy(host, staging, n);
 }
 
@@ -255,6 +335,12 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     }
   }
   for (const Group& G : s_.groups) load(G.fn);
+  auto labels = std::make_shared<std::vector<std::string>>(g_.size());
+  for (int64_t id = 0; id < int64_t(g_.size()); ++id) {
+    const Node& n = g_.node(id);
+    (*labels)[size_t(id)] = n.op == Op::Custom ? n.name : op_name(n.op);
+  }
+  labels_ = labels;
   // Symbolic numbers of every shape and view, evaluated per plan.
   shape_nums_.resize(g_.size());
   grows_.assign(g_.size(), 0);
@@ -592,13 +678,13 @@ void Runtime::upload_plan() {
     lo_slot = 0;
     hi_slot = P.params.size();
   }
-  if (lo_slot < hi_slot)
-    check(driver().cuMemcpyHtoD(params_->ptr + lo_slot * sizeof(int64_t), P.params.data() + lo_slot,
-                                (hi_slot - lo_slot) * sizeof(int64_t)),
-          "cuMemcpyHtoD", "parameters");
+  if (!arena_ || arena_->bytes < P.arena_bytes) {
+    arena_.reset();
+    arena_ = device_alloc(std::max<size_t>(P.arena_bytes, 256));
+  }
   // Iota values not returned as outputs: one block, uploaded when they change (its address stays while it fits).
+  std::vector<uint8_t> block;
   if (iota_changed) {
-    std::vector<uint8_t> block;
     P.iota_off.clear();
     for (auto& [id, host] : P.iota) {
       if (P.fresh[id]) continue;
@@ -606,15 +692,30 @@ void Runtime::upload_plan() {
       block.insert(block.end(), host.begin(), host.end());
       block.resize((block.size() + 255) / 256 * 256);
     }
-    if (!block.empty()) {
-      if (!iota_ || iota_->bytes < block.size()) iota_ = device_alloc(size_class(block.size()));
-      check(driver().cuMemcpyHtoD(iota_->ptr, block.data(), block.size()), "cuMemcpyHtoD", "Iota");
-    }
+    if (!block.empty() && (!iota_ || iota_->bytes < block.size())) iota_ = device_alloc(size_class(block.size()));
   }
-  if (!arena_ || arena_->bytes < P.arena_bytes) {
-    arena_.reset();
-    arena_ = device_alloc(std::max<size_t>(P.arena_bytes, 256));
+  size_t pn = lo_slot < hi_slot ? (hi_slot - lo_slot) * sizeof(int64_t) : 0;
+  if (!pn && block.empty()) return;
+  // Through page-locked staging, queued behind the runs before: they may still be reading the old numbers.
+  const Driver& d = driver();
+  Staging& S = staging_[uploads_++ % staging_.size()];
+  if (S.copied) check(d.cuEventSynchronize(S.copied), "cuEventSynchronize");
+  else check(d.cuEventCreate(&S.copied, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
+  if (S.bytes < pn + block.size()) {
+    size_t want = size_class(pn + block.size());
+    void* h = nullptr;
+    check(d.cuMemAllocHost(&h, want), "cuMemAllocHost");
+    if (S.host) check(d.cuMemFreeHost(S.host), "cuMemFreeHost");
+    S.host = static_cast<char*>(h);
+    S.bytes = want;
   }
+  std::memcpy(S.host, P.params.data() + lo_slot, pn);
+  if (!block.empty()) std::memcpy(S.host + pn, block.data(), block.size());
+  if (pn)
+    check(d.cuMemcpyHtoDAsync(params_->ptr + lo_slot * sizeof(int64_t), S.host, pn, nullptr), "cuMemcpyHtoDAsync",
+          "parameters");
+  if (!block.empty()) check(d.cuMemcpyHtoDAsync(iota_->ptr, S.host + pn, block.size(), nullptr), "cuMemcpyHtoDAsync", "Iota");
+  check(d.cuEventRecord(S.copied, nullptr), "cuEventRecord");
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
@@ -726,10 +827,16 @@ void Runtime::replay(size_t n) {
 }
 
 Runtime::~Runtime() {
-  // (Unchecked: a destructor cannot raise, and these fail only once the context itself is gone.)
+  // (Unchecked: a destructor cannot raise, and these fail only once the context itself is gone. A graph still
+  // running is freed when it finishes; the staging is freed after its copies.)
   for (Chunk& c : chunks_) {
     if (c.exec) driver().cuGraphExecDestroy(c.exec);
     if (c.graph) driver().cuGraphDestroy(c.graph);
+  }
+  for (Staging& S : staging_) {
+    if (S.copied) driver().cuEventSynchronize(S.copied);
+    if (S.copied) driver().cuEventDestroy(S.copied);
+    if (S.host) driver().cuMemFreeHost(S.host);
   }
 }
 
@@ -800,7 +907,8 @@ void Runtime::plan_ahead(const Bindings& dims) {
 }
 
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
-                                                      const Bindings& dims, const std::vector<int64_t>& donated) {
+                                                      const Bindings& dims, const std::vector<int64_t>& donated,
+                                                      bool wait) {
   set_context();
   for (auto& [id, a] : inputs) inputs_[id] = a;
   // LUMINAL_PROFILE=1: synchronise after every step and print the time per op kind (and planning) to stderr.
@@ -961,21 +1069,20 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   if (graphs_on_ && npending_) replay(npending_);  // the last chunk
   auto t_replayed = clock::now();
   if (graphs_on_ && !env_zero("LUMINAL_CUDA_PLAN_AHEAD")) plan_ahead(dims);  // while the GPU runs what was launched
-  // A failed device-side check (padded view, gather or scatter index) raises here, naming the node.
-  int code = 0;
-  check(driver().cuMemcpyDtoH(&code, err_->ptr, sizeof code), "cuMemcpyDtoH", "error flag");
+  // The run's fence: its error word comes to the host behind its last kernel, then the event. Every array the run
+  // wrote carries it (below), so reading one waits for this run only; a failed device-side check (padded view,
+  // gather or scatter index) raises then, naming the node.
+  std::shared_ptr<Fence> fence = new_fence();
+  fence->err_word = err_->ptr;
+  fence->labels = labels_;
+  check(driver().cuMemcpyDtoHAsync(fence->err, err_->ptr, sizeof(int), nullptr), "cuMemcpyDtoHAsync", "error word");
+  check(driver().cuEventRecord(fence->event, nullptr), "cuEventRecord");
+  for (auto& [id, a] : owned)
+    if (a.buf) a.buf->fence = fence;
   times_[1] = secs(t_planned, t_recorded);
   times_[2] = secs(t_recorded, t_replayed);
+  if (wait) fence->wait();
   times_[3] = secs(t_replayed, clock::now());
-  if (code) {
-    check(driver().cuMemsetD8(err_->ptr, 0, sizeof(int)), "cuMemsetD8");
-    int64_t node = code / 4;
-    const Node& n = g_.node(node);
-    std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
-    const char* what[] = {"", "a padded view reads outside its buffer", "an index is out of range for the table's rows",
-                          "an index is out of range for the destination's rows"};
-    throw std::out_of_range(op + " (node " + std::to_string(node) + "): " + what[code % 4]);
-  }
   // The results that are a donated input's own array (sorted buffer addresses: ~65 lookups per decode step).
   in_place_outputs_.clear();
   if (!donated.empty()) {

@@ -16,10 +16,26 @@
 namespace luminal {
 namespace cuda {
 
+// The end of a run on the device: an event recorded after its last kernel, and the run's error word copied to
+// page-locked memory just before it. A buffer a run writes carries that run's fence, so reading it waits for that
+// run only, not for runs queued after it (a decode step reads its token while the next step already runs).
+struct Fence {
+  CUevent event = nullptr;
+  int* err = nullptr;                       // page-locked: the run's error word, once the event has passed
+  CUdeviceptr err_word = 0;                 // the device's error word (cleared after a failure is seen)
+  std::shared_ptr<const std::vector<std::string>> labels;  // per node, for the message
+  bool waited = false;
+  int code = 0;
+  // Waits for the run; raises its device-side error (a padded view or an index out of range), naming the node.
+  void wait();
+};
+std::shared_ptr<Fence> new_fence();  // from a pool: events and page-locked words are reused
+
 // A device allocation, returned to the pool (not to the driver) when the last owner lets go.
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
   size_t bytes = 0;
+  std::shared_ptr<Fence> fence;  // the run that last wrote it, if a run did
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(CUdeviceptr p, size_t b) : ptr(p), bytes(b) {}
@@ -45,9 +61,11 @@ class Runtime {
   // `inputs`: device arrays (in their storage dtype) for Input nodes, merged into the ones given before (the runtime
   // keeps them, so a caller sends only what changed). `donated`: inputs the run may overwrite: a Scatter that is
   // the only reader of a donated input writes its rows into it instead of copying it (the KV-cache update); its
-  // result is then that same array. Returns one array per Output.
+  // result is then that same array. Returns one array per Output. `wait`: return once the device has finished
+  // (raising a device-side error of the run); otherwise once the run is queued: reading a result waits for it.
   std::unordered_map<int64_t, DeviceArray> run(const std::unordered_map<int64_t, DeviceArray>& inputs,
-                                               const Bindings& dims, const std::vector<int64_t>& donated = {});
+                                               const Bindings& dims, const std::vector<int64_t>& donated = {},
+                                               bool wait = true);
   const Schedule& schedule() const { return s_; }
   size_t last_launches() const { return launched_; }  // kernels the last run launched (or replayed)
   // Host seconds the last run spent: planning, recording the launches, replaying the graph (updates and
@@ -142,6 +160,17 @@ class Runtime {
   std::vector<CUdeviceptr> scratch_ptrs_, ptr_;
   std::unordered_map<int64_t, DeviceArray> inputs_;     // the inputs given so far
   std::shared_ptr<DeviceBuffer> iota_;                  // the Iota values of the current plan (one upload per plan)
+  std::shared_ptr<const std::vector<std::string>> labels_;  // per node: its op's name (device-side error messages)
+  // Page-locked staging of a run's uploads (parameters, Iota values), queued behind the runs before it (a plain
+  // copy from pageable memory would first wait for them). Two, used in turn, each with an event after its copies,
+  // so that preparing a run never overwrites what a queued copy has still to read.
+  struct Staging {
+    char* host = nullptr;
+    size_t bytes = 0;
+    CUevent copied = nullptr;
+  };
+  std::array<Staging, 2> staging_;
+  size_t uploads_ = 0;
 };
 
 }  // namespace cuda

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from .. import _core
 from .. import dtypes as dt
 from ..compiler import CPUCompiler, GenericCompiler
 from .llama import Llama
@@ -56,8 +57,9 @@ class Session:
         logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only)
         self.logits = logits.output()
         # The greedy next token, computed in the graph: a greedy step reads it back (4 bytes), not the logits (a GPU
-        # step would otherwise copy the whole vocabulary row to the host to argmax it there).
-        self.greedy = logits[-1].argmax().output()
+        # step would otherwise copy the whole vocabulary row to the host to argmax it there). Shaped (1,) like
+        # `tokens`, so that greedy decoding feeds it to the next step as it is, without the host.
+        self.greedy = logits[-1].argmax(keepdim=True).output()
         self.cache_out = [(k.output(), v.output()) for k, v in new]
         t = time.perf_counter()
         g.compile(*(compilers if compilers is not None else [GenericCompiler(), CPUCompiler()]))
@@ -119,16 +121,20 @@ class Session:
     def next_token(self, ids) -> int:
         """Feeds tokens after the cached ones; returns the greedy next token (the argmax of the last logits row)."""
         self._feed(ids)
-        return int(self.greedy.numpy())
+        return int(self.greedy.numpy()[0])
 
-    def _feed(self, ids):
-        ids = np.asarray(ids, np.int32).reshape(-1)
-        if self.length + len(ids) > self._capacity:
-            self._give_caches(max(2 * self._capacity, self.length + len(ids)))
-        self._reserve(self.length + len(ids))
+    def _feed(self, ids, wait: bool = True):
+        """`ids`: token ids, or a step's `greedy` result as the backend holds it (a DeviceArray stays on the GPU).
+        `wait=False`: a GPU step is only queued (see Graph.execute)."""
+        if not isinstance(ids, _core.DeviceArray):
+            ids = np.asarray(ids, np.int32).reshape(-1)
+        n = ids.shape[0]
+        if self.length + n > self._capacity:
+            self._give_caches(max(2 * self._capacity, self.length + n))
+        self._reserve(self.length + n)
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
-        self.graph.execute()
+        self.graph.execute(wait=wait)
         # Every layer's update is the same Scatter: if the first ran in place (the CPU executor, the CUDA runtime once
         # the caches are on the GPU), all did, and nothing needs setting again. Otherwise the results (GPU device
         # arrays the first time) are fed back as they are, so the cache never leaves the device.
@@ -136,17 +142,17 @@ class Session:
             for i, (t_in, t_out) in enumerate(zip(self._cache_inputs, self._cache_outputs)):
                 self._caches[i] = t_out.result()
                 t_in.set(self._caches[i], donate=True)
-        self.length += len(ids)
+        self.length += n
 
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop_ids=()):
         """Yields new token ids; `self.stats` holds prefill and decode timings afterwards."""
-        # Greedy decoding draws nothing: an unseeded generator would pull in OpenSSL (3 MB) for its entropy.
-        rng = np.random.default_rng(seed) if temperature > 0 else None
+        if temperature <= 0:
+            yield from self._greedy(prompt_ids, max_new_tokens, stop_ids)
+            return
+        rng = np.random.default_rng(seed)
 
         def after(ids):
-            if rng is None:
-                return self.next_token(ids)
             return sample(self.step(ids)[-1], temperature, top_k, top_p, rng)
 
         t0 = time.perf_counter()
@@ -161,3 +167,40 @@ class Session:
             tok = after([tok])
             self.stats["decode_tokens"] += 1
             self.stats["decode_s"] += time.perf_counter() - t
+
+    def _greedy(self, prompt_ids, max_new_tokens: int, stop_ids):
+        """Greedy decoding one step ahead: the step that feeds a token is queued (its input that token as the device
+        holds it) before the token is read, so a GPU goes from step to step without waiting for the host. Each token
+        it yields has been fed, as with sampling; a step fed the stop token, or left queued when the caller stops
+        early, is forgotten (its cache row is written again later)."""
+        t0 = time.perf_counter()
+        self._feed(prompt_ids, wait=False)
+        self.stats = {"prefill_tokens": len(prompt_ids), "prefill_s": 0.0, "decode_tokens": 0, "decode_s": 0.0}
+        pending = self._greedy_result()
+        t_first = t0
+        for i in range(max_new_tokens + 1):
+            queued = i < max_new_tokens
+            if queued:
+                self._feed(pending, wait=False)
+                ahead = self._greedy_result()
+            tok = int((pending.numpy() if isinstance(pending, _core.DeviceArray) else pending)[0])  # waits for its step
+            now = time.perf_counter()
+            if i == 0:
+                self.stats["prefill_s"] = now - t0
+                t_first = now
+            else:
+                self.stats["decode_tokens"] = i
+                self.stats["decode_s"] = now - t_first
+            if tok in stop_ids or not queued:
+                self.length -= queued
+                return
+            try:
+                yield tok
+            except GeneratorExit:
+                self.length -= 1
+                raise
+            pending = ahead
+
+    def _greedy_result(self):
+        r = self.greedy.result()
+        return r.copy() if isinstance(r, np.ndarray) else r  # (a host executor may reuse its output's memory)
