@@ -16,7 +16,7 @@ fi
 if [ -n "$SANITIZE" ]; then
   for tool in memcheck racecheck; do
     timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
-      tests/test_ops.py tests/test_cuda.py -k "cuda and not nvrtc and ($SANITIZE)" >"$OUT/sanitizer-$tool.log" 2>&1
+      tests/test_ops.py tests/test_cuda.py tests/test_errors.py tests/test_llama.py -k "cuda and not nvrtc and ($SANITIZE)" >"$OUT/sanitizer-$tool.log" 2>&1
     echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.log" | tail -3
   done
 fi
