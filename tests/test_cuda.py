@@ -308,6 +308,44 @@ def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
         assert g._runtime.rt.last_launches() == (1 if tokens < 16 else 7)
 
 
+def test_independent_steps_run_as_one_batch(backend, rng):
+    """Element-wise steps that read none of each other's results, and a Scatter writing a donated cache in place,
+    run as one kernel on the GPU (a batch); not donated, the Scatter copies its destination first, so the steps run
+    one by one. Both against numpy, run after run (the cache keeps its rows)."""
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    g = lm.Graph()
+    cache = g.tensor(("c", 6), name="cache")
+    rows = g.tensor(("s", 6), name="rows")
+    idx = g.tensor(("s",), lm.int32, name="idx")
+    a, b = g.tensor((5, 3), name="a"), g.tensor((7,), name="b")
+    outs = [cache.index_copy(0, idx, rows).output(), (a.exp() + 1).output(), (b * 3 - 1).output()]
+    comps = backend.compilers("float32")
+    g.compile(lm.GenericCompiler(), *comps)
+    for cc in comps:
+        if isinstance(cc, lm.CudaCompiler):  # the scatter and the two element-wise steps: one batch
+            assert [len(ids) for _, ids in cc.schedule.groups()] == [3]
+    c = rng.data((9, 6)).astype(np.float32)
+    av, bv = rng.data((5, 3)).astype(np.float32), rng.data((7,)).astype(np.float32)
+    a.set(av)
+    b.set(bv)
+    for donate, slots in ((True, [1, 4]), (True, [0, 8]), (False, [2])):
+        r = rng.data((len(slots), 6)).astype(np.float32)
+        rows.set(r)
+        idx.set(np.array(slots, np.int32))
+        cache.set(c, donate=donate)
+        g.execute()
+        c = c.copy()
+        c[slots] = r
+        got = [o.numpy() for o in outs]
+        np.testing.assert_array_equal(got[0], c)
+        np.testing.assert_allclose(got[1], np.exp(av.astype(np.float64)) + 1, rtol=1e-5)
+        np.testing.assert_allclose(got[2], bv * 3.0 - 1, rtol=1e-5, atol=1e-5)
+        if backend.name == "cuda":  # not donated: the copy, the rows, a's and b's steps
+            assert g._runtime.rt.last_launches() == (1 if donate else 4)
+
+
 def test_attention_over_a_cache(backend, rng):
     """Scores, a masked softmax and the weighted values over a token-major cache (grouped heads, as Llama decodes),
     for few rows (decode), many rows (a prompt) and many keys, each against float64 numpy."""

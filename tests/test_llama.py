@@ -170,7 +170,7 @@ def test_greedy_generation_runs_a_step_ahead(tmp_path, backend, seed):
     sess.reset()
     assert list(sess.generate(ids, 12)) == want[:12]
     assert sess.length == 5 + 12 and sess.stats["decode_tokens"] == 12
-    k = next(k for k in range(1, 12) if want[k] not in want[:k])  # stops at its first occurrence
+    k = max(k for k in range(12) if want[k] not in want[:k])  # (a token's first occurrence: it stops there)
     sess.reset()
     assert list(sess.generate(ids, 12, stop_ids={want[k]})) == want[:k]
     assert sess.length == 5 + k and sess.next_token([want[k]]) == want[k + 1]

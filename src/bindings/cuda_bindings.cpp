@@ -90,10 +90,30 @@ void bind_cuda(py::module_& m) {
           for (auto& [name, tag] : names)
             if (!name->empty()) add(*name, op + tag);
         }
-        for (auto& G : s.groups)  // e.g. "MatMul x3/group", "MatMul x2+Fused/group"
-          add(G.fn, "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group");
+        for (auto& G : s.groups) {  // e.g. "MatMul x3/group", "MatMul x2+Fused/group", "Fused+Scatter x2/batch"
+          if (G.batch.empty()) {
+            add(G.fn, "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group");
+            continue;
+          }
+          std::string what;
+          for (size_t i : G.batch) {
+            const Node& n = g.node(s.steps[i].node);
+            std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
+            if (what.find(op) == std::string::npos) what += (what.empty() ? "" : "+") + op;
+          }
+          add(G.fn, what + " x" + std::to_string(G.batch.size()) + "/batch");
+        }
         return out;
       })
+      .def("groups", [](const Schedule& s) {
+        py::list out;  // (kernel, node ids): steps that run as one kernel
+        for (auto& G : s.groups) {
+          std::vector<int64_t> ids;
+          for (size_t i = G.first; i <= G.last; ++i) ids.push_back(s.steps[i].node);
+          out.append(py::make_tuple(G.fn, ids));
+        }
+        return out;
+      }, "Steps that run as one kernel: (its name, their node ids), matrix-vector groups and batches.")
       .def("host_steps", [](const Schedule& s) {
         std::vector<int64_t> out;
         for (auto& st : s.steps)

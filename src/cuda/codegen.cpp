@@ -251,6 +251,14 @@ class Generator {
   Schedule sched_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
+  // Grid-stride kernels by name: the body of their loop over t and the parameter slot counting its items (what a
+  // batch's kernel is made of).
+  struct Loop {
+    std::string body;
+    int count = 1, nin = 0;
+  };
+  std::map<std::string, Loop> loops_;
+  std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
 
   DType storage(int64_t id) const { return sched_.storage[id]; }
 
@@ -294,7 +302,8 @@ class Generator {
   std::string program_body(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                            const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
                            const std::map<int, std::string>& given = {}) const;
-  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
+  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false,
+                             std::string* loop = nullptr);
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                          const BodyOf& body_of);
@@ -304,6 +313,7 @@ class Generator {
   Step qmatmul_step(const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
   void group_matvecs();
+  void batch_steps();
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
   Step dequant_step(const Node& n, int block_bytes);
@@ -365,7 +375,19 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
   return body.str();
 }
 
-std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
+std::string Generator::loop_kernel(const Loop& l) {
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(l.nin) << " {\n"
+    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[" << l.count
+    << "]; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
+  std::string name = add_kernel(k.str());
+  loops_[name] = l;
+  return name;
+}
+
+// `loop`: for an element-wise program, receives the body of its loop (and the text returned is empty).
+std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row,
+                                      std::string* loop) {
   bool reduce = prog.reduce != Op::Input;
   bool dbl = double_registers(prog, n);
   std::string T = dbl ? "double" : "float";
@@ -379,14 +401,13 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   body << body_of(std::vector<char>(prog.code.size(), 1), size_t(-1));
   std::string res = "r" + std::to_string(prog.code.size() - 1);
   std::string st_fn = std::string("st_") + dtype_name(n.dtype);
+  if (!reduce) {
+    if (!loop) throw std::logic_error("CUDA codegen: an element-wise program is a loop");
+    *loop = (R ? unravel(st.views[0], 0, R, "t") : std::string()) + body.str() + "    " + st_fn + "(out, t, " + res + ");\n";
+    return "";
+  }
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(int(n.inputs.size())) << " {\n";
-  if (!reduce) {
-    k << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n";
-    if (R) k << unravel(st.views[0], 0, R, "t");
-    k << body.str() << "    " << st_fn << "(out, t, " << res << ");\n  }\n}\n";
-    return k.str();
-  }
   bool sum = prog.reduce == Op::SumReduce;
   std::string init = sum ? "(" + T + ")0" : lit(-INFINITY, !dbl);
   std::string combine = sum ? "acc + " + res : "op_max(acc, " + res + ")", wred = sum ? "warp_sum(acc)" : "warp_max(acc)";
@@ -467,7 +488,14 @@ Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog,
   for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), perm));
   layout(st);
   st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
-  st.fn = add_kernel(program_kernel(*prog, st, n));
+  if (st.launch == Step::PerElement && !prog->has_row_reductions()) {
+    Loop l;
+    program_kernel(*prog, st, n, false, &l.body);
+    l.nin = int(n.inputs.size());
+    st.fn = loop_kernel(l);
+  } else {
+    st.fn = add_kernel(program_kernel(*prog, st, n));
+  }
   if (prog->has_row_reductions()) st.block_fn = st.fn;  // always a block per row (runtime.cpp)
   else if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
   st.program = std::move(prog);
@@ -510,16 +538,17 @@ Step Generator::scatter_step(const Node& n) {
   layout(st);
   st.launch = Step::Scatter;
   st.program = copy;
-  st.fn = add_kernel(program_kernel(*copy, st, n));
+  Loop cl;
+  program_kernel(*copy, st, n, false, &cl.body);
+  cl.nin = 3;
+  st.fn = loop_kernel(cl);
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
   int R = dv.rank, Ri = iv.rank;
   DType ss = storage(n.inputs[2].node), is = storage(n.inputs[1].node);
   std::string T = is_int(ss) ? "double" : "float";
   Text k;
   // p[2]: index elements x row size, p[3]: row size (p[1] counts the copy's elements).
-  k << "extern \"C\" __global__ void NAME" << params(3) << " {\n"
-    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[2]; t += (i64)gridDim.x * blockDim.x) {\n"
-    << "    i64 j = t % p[3], m = t / p[3];\n    i64 q_ = j;\n";
+  k << "    i64 j = t % p[3], m = t / p[3];\n    i64 q_ = j;\n";
   for (int d = R - 1; d >= 1; --d) {
     std::string s = "s" + std::to_string(Ri + d - 1);
     k << "    i64 " << s << " = q_ % " << ViewText{dv}.shape(d) << "; q_ /= " << ViewText{dv}.shape(d) << ";\n";
@@ -529,8 +558,12 @@ Step Generator::scatter_step(const Node& n) {
     << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n"
     << "    " << T << " v;\n"
     << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v")
-    << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n  }\n}\n";
-  st.second_fn = add_kernel(k.str());
+    << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
+  Loop rows;
+  rows.body = k.str();
+  rows.count = 2;
+  rows.nin = 3;
+  st.second_fn = loop_kernel(rows);
   return st;
 }
 
@@ -964,6 +997,98 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   return add_kernel(k.str());
 }
 
+// Steps that read none of each other's results, each an element-wise loop (a fused program, or a Scatter's row
+// writes), become one launch: in a decode step such kernels (a layer's q and k rotations, its two cache writes) do
+// little work, and each costs a launch and a wait for the kernel before it. A step joins the batch opened last when
+// everything it reads comes before that batch's first step (it is moved up to it), else opens a batch itself.
+void Generator::batch_steps() {
+  std::vector<Step>& steps = sched_.steps;
+  size_t ns = steps.size();
+  std::vector<long> at(g_.size(), -1);
+  for (size_t i = 0; i < ns; ++i) at[steps[i].node] = long(i);
+  auto leaf = [&](long i) {
+    return steps[i].kind == Step::Input || steps[i].kind == Step::Constant || steps[i].kind == Step::Iota;
+  };
+  auto loop_of = [&](const Step& st) -> const Loop* {
+    if (st.kind != Step::Kernel || st.group >= 0) return nullptr;
+    if (st.launch != Step::Scatter && (st.launch != Step::PerElement || !st.gemv_fn.empty())) return nullptr;
+    auto it = loops_.find(st.launch == Step::Scatter ? st.second_fn : st.fn);
+    return it == loops_.end() ? nullptr : &it->second;
+  };
+  std::vector<std::vector<size_t>> batches;
+  std::vector<long> batch_of(ns, -1);
+  for (size_t i = 0; i < ns; ++i) {
+    if (!loop_of(steps[i])) continue;
+    size_t ready = 0;  // the first place it may move to
+    for (auto& e : g_.node(steps[i].node).inputs)
+      if (at[e.node] >= 0 && !leaf(at[e.node])) ready = std::max(ready, size_t(at[e.node]) + 1);
+    if (batches.empty() || batches.back()[0] < ready || batches.back().size() == 8) batches.push_back({});
+    batches.back().push_back(i);
+    batch_of[i] = long(batches.size() - 1);
+  }
+  // The new order: each batch's steps (and the leaves they read) at its first step's place.
+  std::vector<size_t> order;
+  std::vector<char> emitted(ns, 0);
+  auto emit = [&](size_t i) {
+    if (!emitted[i]) order.push_back(i);
+    emitted[i] = 1;
+  };
+  for (size_t i = 0; i < ns; ++i) {
+    long b = batch_of[i];
+    if (b < 0 || batches[size_t(b)].size() < 2) {
+      emit(i);
+    } else if (batches[size_t(b)][0] == i) {
+      for (size_t m : batches[size_t(b)])
+        for (auto& e : g_.node(steps[m].node).inputs)
+          if (at[e.node] >= 0 && leaf(at[e.node])) emit(size_t(at[e.node]));
+      for (size_t m : batches[size_t(b)]) emit(m);
+    }
+  }
+  std::vector<size_t> now(ns);
+  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
+  for (Group& G : sched_.groups) {  // (matrix-vector groups keep their steps together: none is batched)
+    for (size_t& m : G.members) m = now[m];
+    for (size_t& e : G.epilogues) e = now[e];
+    G.first = now[G.first];
+    G.last = now[G.last];
+  }
+  for (auto& b : batches) {
+    if (b.size() < 2) continue;
+    Group G;
+    Text sig, k;
+    sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
+    k << "  i64 total = 0";
+    Text body;
+    for (size_t j = 0; j < b.size(); ++j) {
+      const Loop& l = *loop_of(steps[b[j]]);
+      std::string J = std::to_string(j);
+      sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
+      k << ", n" << J << " = P" << J << "[" << l.count << "]";
+      body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
+           << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
+      for (int q = 0; q < l.nin; ++q) {
+        sig << ", const void* __restrict__ I" << J << "_" << q;
+        body << "    const void* in" << q << " = I" << J << "_" << q << ";\n";
+      }
+      body << l.body;
+      G.batch.push_back(now[b[j]]);
+    }
+    k << ";\n  total = n0";
+    for (size_t j = 1; j < b.size(); ++j) k << " + n" << int(j);
+    G.fn = add_kernel(sig.str() + ") {\n" + k.str() + ";\n" +
+                      "  for (i64 t_ = blockIdx.x * (i64)blockDim.x + threadIdx.x; t_ < total; t_ += (i64)gridDim.x * blockDim.x) {\n"
+                      "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
+    G.first = G.batch[0];
+    G.last = G.first + b.size() - 1;
+    for (size_t m : b) steps[m].group = int(sched_.groups.size());
+    sched_.groups.push_back(std::move(G));
+  }
+  std::vector<Step> re;
+  re.reserve(ns);
+  for (size_t k2 : order) re.push_back(std::move(steps[k2]));
+  steps = std::move(re);
+}
+
 Schedule Generator::run() {
   sched_.storage.assign(g_.size(), DType::F32);
   std::vector<int64_t> order = g_.topo_order();
@@ -1062,6 +1187,7 @@ Schedule Generator::run() {
     sched_.steps.push_back(std::move(st));
   }
   group_matvecs();
+  batch_steps();
   sched_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(sched_);
 }

@@ -45,15 +45,21 @@ struct Step {
   int group = -1;                 // a member or epilogue of Schedule::groups[group]
 };
 
-// Matrix-vector products that read the same activations, run as one kernel (`fn`) when every member takes the
-// matrix-vector path, with the elementwise steps that are the only readers of members computed as they store
-// (epilogues). Otherwise the steps run one by one. The steps [first, last] are the group's, next to each other.
-// The kernel's arguments: parameters, error word, the activations; per member its parameter slice, output and
-// weights; per epilogue its parameter slice, output and inputs.
+// Steps run as one kernel (`fn`); the steps [first, last] are the group's, next to each other. Otherwise (when the
+// runtime finds a step taking another path) they run one by one. Two kinds:
+// - Matrix-vector products that read the same activations (`members`), when every member takes the matrix-vector
+//   path, with the elementwise steps that are the only readers of members computed as they store (`epilogues`).
+//   The kernel's arguments: parameters, error word, the activations; per member its parameter slice, output and
+//   weights; per epilogue its parameter slice, output and inputs.
+// - A batch: steps that read none of each other's results (a layer's q and k rotations, its cache writes), each an
+//   element-wise loop (a fused program, or the row writes of a Scatter updating its destination in place), one
+//   after the other in one grid-stride loop. The arguments: parameters, error word; per step its parameter slice,
+//   output and inputs.
 struct Group {
   std::string fn;
   std::vector<size_t> members, epilogues;  // step indices, in the kernel's argument order
   std::vector<size_t> units;               // per unit (a warp's row): its first member's index in `members`
+  std::vector<size_t> batch;               // a batch's steps, in the kernel's argument order
   size_t first = 0, last = 0;
 };
 

@@ -842,15 +842,39 @@ Runtime::~Runtime() {
 
 // A group's kernel, at its first step, when every member takes the matrix-vector path (see codegen.h's Group);
 // marks the group's steps done. Otherwise (prefill) returns false and the steps run one by one.
-template <class OutOf>
-bool Runtime::launch_group(const Group& G, const OutOf& out_of, std::vector<char>& done) {
+template <class OutOf, class InPlace>
+bool Runtime::launch_group(const Group& G, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done) {
   const Plan& plan = *plan_;
+  std::vector<CUdeviceptr>& args = group_args_;
+  auto slot = [&](size_t i) { return params_->ptr + plan.slot[i] * sizeof(int64_t); };
+  if (!G.batch.empty()) {
+    // A batch: each step's plain loop (a Scatter's row writes only when they go into its destination in place).
+    for (size_t b : G.batch)
+      if (s_.steps[b].launch == Step::Scatter ? !in_place_of(b) : plan.variant[b] != 0) return false;
+    args.clear();
+    int64_t items = 0;
+    for (size_t b : G.batch) {
+      const Step& st = s_.steps[b];
+      const Node& n = g_.node(st.node);
+      if (st.launch == Step::Scatter) {  // (as in run: the destination's array becomes the result)
+        owned_[st.node] = inputs_.at(n.inputs[0].node);
+        ptr_[st.node] = ptr_[n.inputs[0].node];
+        items += plan.items2[b];
+      } else {
+        ptr_[st.node] = out_of(st.node);
+        items += plan.items[b];
+      }
+      args.insert(args.end(), {slot(b), ptr_[st.node]});
+      for (auto& in : n.inputs) args.push_back(ptr_[in.node]);
+    }
+    launch(G.fn, s_.steps[G.batch[0]].node, plan.slot[G.batch[0]], items, false, args);
+    for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
+    return true;
+  }
   for (size_t m : G.members)
     if (plan.variant[m] != 1) return false;
-  std::vector<CUdeviceptr>& args = group_args_;
   const Step& s0 = s_.steps[G.members[0]];
   args.assign(1, ptr_[g_.node(s0.node).inputs[0].node]);
-  auto slot = [&](size_t i) { return params_->ptr + plan.slot[i] * sizeof(int64_t); };
   for (size_t m : G.members) {
     const Node& n = g_.node(s_.steps[m].node);
     ptr_[s_.steps[m].node] = out_of(s_.steps[m].node);
@@ -939,7 +963,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   ptr.assign(g_.size(), 0);
   std::vector<char>& done = done_;
   done.assign(s_.steps.size(), 0);
-  std::unordered_map<int64_t, DeviceArray> owned;  // this run's own allocations (outputs), and arrays updated in place
+  std::unordered_map<int64_t, DeviceArray>& owned = owned_;
+  owned.clear();
   std::unordered_map<int64_t, DeviceArray> results;
   auto array_of = [&](int64_t src) -> const DeviceArray& {
     auto o = owned.find(src);
@@ -947,6 +972,11 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     auto in = inputs_.find(src);
     if (in != inputs_.end()) return in->second;
     return constants_.at(src);
+  };
+  // Whether step i (a Scatter) writes its rows into its destination, a donated input.
+  auto in_place_of = [&](size_t i) {
+    const Node& n = g_.node(s_.steps[i].node);
+    return in_place_ok_[i] && std::find(donated.begin(), donated.end(), n.inputs[0].node) != donated.end();
   };
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
@@ -1001,10 +1031,10 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       }
       case Step::Kernel: {
         if (done[i]) break;  // computed by its group's kernel
-        if (st.group >= 0 && launch_group(s_.groups[size_t(st.group)], out_of, done)) break;
-        int64_t dest = n.inputs.empty() ? -1 : n.inputs[0].node;
-        bool in_place = in_place_ok_[i] && std::find(donated.begin(), donated.end(), dest) != donated.end();
+        if (st.group >= 0 && launch_group(s_.groups[size_t(st.group)], out_of, in_place_of, done)) break;
+        bool in_place = in_place_of(i);
         if (in_place) {  // the rows are written into the donated destination, which becomes the result
+          int64_t dest = n.inputs[0].node;
           owned[id] = inputs_.at(dest);
           ptr[id] = ptr[dest];
         } else {
@@ -1095,6 +1125,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     for (auto& [id, a] : results)
       if (a.buf && std::binary_search(bufs.begin(), bufs.end(), a.buf.get())) in_place_outputs_.push_back(id);
   }
+  owned.clear();  // (holding them would delay their buffers' reuse)
   return results;
 }
 

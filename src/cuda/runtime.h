@@ -144,8 +144,9 @@ class Runtime {
   std::vector<int64_t> in_place_outputs_;
   std::vector<Chunk> chunks_;
   void replay(size_t n);  // the current chunk's n launches
-  template <class OutOf>
-  bool launch_group(const Group& G, const OutOf& out_of, std::vector<char>& done);
+  template <class OutOf, class InPlace>
+  bool launch_group(const Group& G, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done);
+  std::unordered_map<int64_t, DeviceArray> owned_;  // this run's own allocations (outputs), and arrays updated in place
   std::vector<char> done_;                // per step this run: computed already (by its group's kernel)
   std::vector<CUdeviceptr> group_args_;
   void execute(const Launch& l);
