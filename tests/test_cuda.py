@@ -346,6 +346,27 @@ def test_independent_steps_run_as_one_batch(backend, rng):
             assert g._runtime.rt.last_launches() == (1 if donate else 4)
 
 
+def test_a_copy_that_is_the_identity_is_skipped(backend, rng):
+    """Heads put back in token order (a transpose, then a reshape: a copy) are the identity for one token: the GPU
+    then skips the copy and reads its input's buffer; for two tokens it runs. Both against numpy, as the dims move
+    (the plan's arena changes with them)."""
+    g = lm.Graph()
+    x = g.tensor((8, "s", 3), name="x")
+    w = g.tensor((24, 5), name="w")
+    y = ((x * 2).transpose(0, 1).reshape("s", 24) @ w).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    wv = rng.data((24, 5)).astype(np.float32)
+    w.set(wv)
+    for s in (1, 2, 1, 3):
+        xv = rng.data((8, s, 3)).astype(np.float32)
+        x.set(xv)
+        g.execute()
+        want = (2 * xv.astype(np.float64)).transpose(1, 0, 2).reshape(s, 24) @ wv
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+        if backend.name == "cuda":  # x * 2, the copy (not for one token), the product
+            assert g._runtime.rt.last_launches() == (2 if s == 1 else 3)
+
+
 def test_attention_over_a_cache(backend, rng):
     """Scores, a masked softmax and the weighted values over a token-major cache (grouped heads, as Llama decodes),
     for few rows (decode), many rows (a prompt) and many keys, each against float64 numpy."""

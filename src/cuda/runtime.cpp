@@ -283,12 +283,33 @@ struct Runtime::Plan {
   std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
   std::vector<int64_t> items;               // per step: work items (elements, rows, blocks)
   std::vector<int64_t> items2;              // per step: Scatter's second kernel
-  std::vector<int> variant;  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row
+  // per step: 0 the generic kernel; MatMul 1 matrix-vector, 2 tiled, 3 mma; 4 block per row; 5 a copy that these
+  // dims make the identity, not run: its result is its input's buffer
+  std::vector<int> variant;
   std::vector<std::array<unsigned, 3>> grid;  // per step: the tiled kernel's grid
   std::vector<unsigned> threads;             // per step: the row-reduction kernel's block size
 };
 
 namespace {
+// Whether a step copies its input unchanged through a view that, evaluated, reads it in order from its start
+// (attention's heads put back in token order are the identity for one token): then it need not run.
+bool identity_copy(const Step& st, const Node& n, const std::vector<ConcreteView>& cv, const std::vector<int64_t>& shape,
+                   const std::vector<DType>& storage) {
+  if (!st.program || st.launch != Step::PerElement || st.program->reduce != Op::Input || cv.size() != 1) return false;
+  const std::vector<Instr>& code = st.program->code;
+  if (code[0].kind != Instr::Load || code[0].dtype != n.dtype || code.size() > 2) return false;
+  if (code.size() == 2 && !(code[1].kind == Instr::Apply && code[1].op == Op::Cast && code[1].a == 0 && code[1].dtype == n.dtype))
+    return false;
+  const ConcreteView& v = cv[0];
+  if (v.masked || v.offset != 0 || v.shape != shape || storage[n.inputs[0].node] != storage[st.node]) return false;
+  int64_t expect = 1;
+  for (size_t d = v.shape.size(); d-- > 0;) {
+    if (v.shape[d] != 1 && v.strides[d] != expect) return false;
+    expect *= v.shape[d];
+  }
+  return true;
+}
+
 // Which MatMul kernel these evaluated views allow (see Step::gemv_fn / gemm_fn).
 int matmul_variant(const Step& st, const std::vector<ConcreteView>& cv, int64_t out_n, std::array<unsigned, 3>& grid,
                    bool& vec16) {
@@ -412,6 +433,11 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     const Edge* dest = n.op == Op::Scatter && st.kind == Step::Kernel ? &n.inputs[0] : nullptr;
     in_place_ok_.push_back(dest && g_.node(dest->node).op == Op::Input && readers[dest->node] == 1 &&
                            is_plain(g_, *dest) && s_.storage[dest->node] == s_.storage[st.node]);
+    // A copy may be skipped (see identity_copy) when it is not an output, not computed by a matrix-vector group,
+    // and reads a buffer this run computed (not an input a Scatter may update in place, nor such a Scatter's result).
+    const Node* src = st.kind == Step::Kernel && n.inputs.size() == 1 ? &g_.node(n.inputs[0].node) : nullptr;
+    may_alias_.push_back(src && n.op != Op::Output && (st.group < 0 || !s_.groups[size_t(st.group)].batch.empty()) &&
+                         src->op != Op::Input && src->op != Op::Constant && src->op != Op::Iota && src->op != Op::Scatter);
   }
   // An Iota that depends on no dim (an argmax's index row) is computed and uploaded once, like a constant (in the
   // plan's Iota block, the 128256 indices of a vocabulary were sent again with every plan).
@@ -598,6 +624,8 @@ void Runtime::build_plan(const Bindings& dims) {
         P.variant[i] = 4;
         P.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       }
+    } else if (may_alias_[i] && identity_copy(st, n, cv, shape, s_.storage)) {
+      P.variant[i] = 5;  // (items 0: in a batch, its loop does nothing)
     } else {
       P.items[i] = out_n;
     }
@@ -625,7 +653,9 @@ void Runtime::build_plan(const Bindings& dims) {
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
-    if (buffer && !P.fresh[st.node]) {
+    if (buffer && !P.fresh[st.node] && P.variant[i] == 5) {
+      sizes.push_back(0);  // (its input's buffer)
+    } else if (buffer && !P.fresh[st.node]) {
       // (With 1/8 classes, a decode step's attention scores moved the plan every few steps, and with it every
       // kernel argument in the graph.)
       size_t bytes = size_t(numel_of(P.shapes[st.node])) * dtype_size(s_.storage[st.node]);
@@ -638,6 +668,13 @@ void Runtime::build_plan(const Bindings& dims) {
     struct Live { size_t off, bytes; int64_t until; };
     std::vector<Live> live;
     P.arena_bytes = 0;
+    // A buffer lives until its last reader, or its aliases' (identity copies, latest first: they may chain).
+    std::vector<int64_t> until = P.last_use;
+    for (size_t i = s_.steps.size(); i-- > 0;)
+      if (P.variant[i] == 5) {
+        int64_t in = g_.node(s_.steps[i].node).inputs[0].node;
+        until[in] = std::max(until[in], std::max(until[s_.steps[i].node], int64_t(i)));
+      }
     size_t k = 0;
     for (size_t i = 0; i < s_.steps.size(); ++i) {
       const Step& st = s_.steps[i];
@@ -646,6 +683,10 @@ void Runtime::build_plan(const Bindings& dims) {
       bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
       if (!buffer || P.fresh[st.node]) continue;
       size_t bytes = sizes[k++];
+      if (P.variant[i] == 5) {
+        P.offset[st.node] = P.offset[g_.node(st.node).inputs[0].node];
+        continue;
+      }
       size_t off = 0;  // `live` is kept sorted by offset
       auto pos = live.begin();
       for (; pos != live.end(); ++pos) {
@@ -654,7 +695,7 @@ void Runtime::build_plan(const Bindings& dims) {
       }
       P.offset[st.node] = int64_t(off);
       P.arena_bytes = std::max(P.arena_bytes, off + bytes);
-      live.insert(pos, {off, bytes, std::max<int64_t>(P.last_use[st.node], int64_t(i))});
+      live.insert(pos, {off, bytes, std::max<int64_t>(until[st.node], int64_t(i))});
     }
     P.arena_sizes = std::move(sizes);
   }
@@ -850,7 +891,7 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, const InPlace& i
   if (!G.batch.empty()) {
     // A batch: each step's plain loop (a Scatter's row writes only when they go into its destination in place).
     for (size_t b : G.batch)
-      if (s_.steps[b].launch == Step::Scatter ? !in_place_of(b) : plan.variant[b] != 0) return false;
+      if (s_.steps[b].launch == Step::Scatter ? !in_place_of(b) : plan.variant[b] != 0 && plan.variant[b] != 5) return false;
     args.clear();
     int64_t items = 0;
     for (size_t b : G.batch) {
@@ -860,8 +901,8 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, const InPlace& i
         owned_[st.node] = inputs_.at(n.inputs[0].node);
         ptr_[st.node] = ptr_[n.inputs[0].node];
         items += plan.items2[b];
-      } else {
-        ptr_[st.node] = out_of(st.node);
+      } else {  // (an identity copy counts no items: its loop does nothing)
+        ptr_[st.node] = plan.variant[b] == 5 ? ptr_[n.inputs[0].node] : out_of(st.node);
         items += plan.items[b];
       }
       args.insert(args.end(), {slot(b), ptr_[st.node]});
@@ -1032,6 +1073,10 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       case Step::Kernel: {
         if (done[i]) break;  // computed by its group's kernel
         if (st.group >= 0 && launch_group(s_.groups[size_t(st.group)], out_of, in_place_of, done)) break;
+        if (plan.variant[i] == 5) {  // an identity copy: its input's buffer is the result
+          ptr[id] = ptr[n.inputs[0].node];
+          break;
+        }
         bool in_place = in_place_of(i);
         if (in_place) {  // the rows are written into the donated destination, which becomes the result
           int64_t dest = n.inputs[0].node;
@@ -1083,7 +1128,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
     if (profile && st.kind != Step::Input && st.kind != Step::Constant && st.kind != Step::Alias) {
       check(driver().cuCtxSynchronize(), "cuCtxSynchronize", n.op == Op::Custom ? n.name : op_name(n.op));
       std::string key = n.op == Op::Custom ? n.name : op_name(n.op);
-      const char* variants[] = {"", "/gemv", "/tiled", "/mma", "/block"};
+      const char* variants[] = {"", "/gemv", "/tiled", "/mma", "/block", "/skipped"};
       if (st.kind == Step::Kernel) key += variants[plan.variant[i]];
       auto& e = prof[key];
       e.first += std::chrono::duration<double>(clock::now() - t_step).count();

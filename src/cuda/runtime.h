@@ -100,6 +100,7 @@ class Runtime {
   std::vector<std::string> var_names_;
   std::vector<uint64_t> step_vars_;
   std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
+  std::vector<char> may_alias_;                         // per step: a copy that may be skipped (identity_copy)
   void build_plan(const Bindings& dims);  // host work only; upload_plan sends it
   void upload_plan();
   void plan_ahead(const Bindings& dims);
