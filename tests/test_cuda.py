@@ -310,8 +310,9 @@ def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
 
 def test_independent_steps_run_as_one_batch(backend, rng):
     """Element-wise steps that read none of each other's results, and a Scatter writing a donated cache in place,
-    run as one kernel on the GPU (a batch); not donated, the Scatter copies its destination first, so the steps run
-    one by one. Both against numpy, run after run (the cache keeps its rows)."""
+    run as one kernel on the GPU (a batch); the Scatter computes its source (rows * 2 + 1, which only it reads) in
+    its row writes. Not donated, the Scatter copies its destination first, so the steps run one by one. Both
+    against numpy, run after run (the cache keeps its rows)."""
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
@@ -320,7 +321,7 @@ def test_independent_steps_run_as_one_batch(backend, rng):
     rows = g.tensor(("s", 6), name="rows")
     idx = g.tensor(("s",), lm.int32, name="idx")
     a, b = g.tensor((5, 3), name="a"), g.tensor((7,), name="b")
-    outs = [cache.index_copy(0, idx, rows).output(), (a.exp() + 1).output(), (b * 3 - 1).output()]
+    outs = [cache.index_copy(0, idx, rows * 2 + 1).output(), (a.exp() + 1).output(), (b * 3 - 1).output()]
     comps = backend.compilers("float32")
     g.compile(lm.GenericCompiler(), *comps)
     for cc in comps:
@@ -337,7 +338,7 @@ def test_independent_steps_run_as_one_batch(backend, rng):
         cache.set(c, donate=donate)
         g.execute()
         c = c.copy()
-        c[slots] = r
+        c[slots] = r * 2 + 1
         got = [o.numpy() for o in outs]
         np.testing.assert_array_equal(got[0], c)
         np.testing.assert_allclose(got[1], np.exp(av.astype(np.float64)) + 1, rtol=1e-5)

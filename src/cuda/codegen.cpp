@@ -255,7 +255,8 @@ class Generator {
   // batch's kernel is made of).
   struct Loop {
     std::string body;
-    int count = 1, nin = 0;
+    int count = 1;
+    std::vector<std::string> args;  // the pointers after `out`, as the body names them (Q...: a parameter slice)
   };
   std::map<std::string, Loop> loops_;
   std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
@@ -309,7 +310,8 @@ class Generator {
                          const BodyOf& body_of);
   Step program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm = {});
   Step gather_step(const Node& n);
-  Step scatter_step(const Node& n);
+  Step scatter_step(const Node& n, const Step* producer);
+  std::vector<char> absorbed_;  // per node: computed inside a Scatter's row writes (Step::producer), not run itself
   Step qmatmul_step(const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
   void group_matvecs();
@@ -375,9 +377,15 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
   return body.str();
 }
 
+std::string arg_type(const std::string& name) { return name[0] == 'Q' ? "const i64* __restrict__ " : "const void* __restrict__ "; }
+
+std::vector<std::string> input_names(int nin) { return names("in", 0, nin); }
+
 std::string Generator::loop_kernel(const Loop& l) {
   Text k;
-  k << "extern \"C\" __global__ void NAME" << params(l.nin) << " {\n"
+  k << "extern \"C\" __global__ void NAME(const i64* __restrict__ p, int* __restrict__ err, void* __restrict__ out";
+  for (auto& a : l.args) k << ", " << arg_type(a) << a;
+  k << ") {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[" << l.count
     << "]; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
   std::string name = add_kernel(k.str());
@@ -491,7 +499,7 @@ Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog,
   if (st.launch == Step::PerElement && !prog->has_row_reductions()) {
     Loop l;
     program_kernel(*prog, st, n, false, &l.body);
-    l.nin = int(n.inputs.size());
+    l.args = input_names(int(n.inputs.size()));
     st.fn = loop_kernel(l);
   } else {
     st.fn = add_kernel(program_kernel(*prog, st, n));
@@ -526,7 +534,9 @@ Step Generator::gather_step(const Node& n) {
   return st;
 }
 
-Step Generator::scatter_step(const Node& n) {
+// `producer`: the element-wise step computing the source (read as stored, by this Scatter only): the row writes
+// evaluate its program instead of loading the source, through its own parameter slice and inputs (Q, J<k>).
+Step Generator::scatter_step(const Node& n, const Step* producer) {
   // First the destination is copied into the output (a one-load program), then the source rows are written.
   auto copy = std::make_shared<Program>();
   Instr ld{Instr::Load};
@@ -540,7 +550,7 @@ Step Generator::scatter_step(const Node& n) {
   st.program = copy;
   Loop cl;
   program_kernel(*copy, st, n, false, &cl.body);
-  cl.nin = 3;
+  cl.args = input_names(3);
   st.fn = loop_kernel(cl);
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
   int R = dv.rank, Ri = iv.rank;
@@ -556,13 +566,31 @@ Step Generator::scatter_step(const Node& n) {
   k << unravel(iv, 0, Ri, "m", "s") << "    double row;\n"
     << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
     << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n"
-    << "    " << T << " v;\n"
-    << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v")
-    << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
+    << "    " << T << " v;\n";
   Loop rows;
+  rows.args = input_names(3);
+  if (!producer) {
+    k << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v");
+  } else {
+    const Step& ps = *producer;
+    const Node& pn = g_.node(ps.node);
+    const Program& pp = *ps.program;
+    bool dbl = double_registers(pp, pn);
+    int RP = ps.views.empty() ? 0 : ps.views[0].rank;
+    k << "    { i64 ts_ = " << ViewText{sv}.offset(names("s", 0, sv.rank)) << ";\n    const i64* p = Q;\n";
+    rows.args.push_back("Q");
+    for (size_t q = 0; q < pn.inputs.size(); ++q) {
+      k << "    const void* in" << int(q) << " = J" << int(q) << ";\n";
+      rows.args.push_back("J" + std::to_string(q));
+    }
+    k << (RP ? unravel(ps.views[0], 0, RP, "ts_") : std::string())
+      << program_body(pp, ps, pn, dbl ? "double" : "float", dbl, names("i", 0, RP), std::vector<char>(pp.code.size(), 1),
+                      size_t(-1))
+      << "    v = (" << T << ")r" << int(pp.code.size() - 1) << "; }\n";
+  }
+  k << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
   rows.body = k.str();
   rows.count = 2;
-  rows.nin = 3;
   st.second_fn = loop_kernel(rows);
   return st;
 }
@@ -814,6 +842,7 @@ void Generator::group_matvecs() {
     const Step& fs = steps[f];
     const Node& fn = g_.node(fs.node);
     bool ok = fs.kind == Step::Kernel && fs.program && fs.gemv_fn.empty() && fs.launch == Step::PerElement &&
+              !absorbed_[size_t(fs.node)] &&
               fs.program->reduce == Op::Input && !fs.program->has_row_reductions() && fn.op != Op::Output &&
               fn.shape == g_.node(id).shape;
     for (auto& e : fn.inputs)
@@ -1010,18 +1039,27 @@ void Generator::batch_steps() {
     return steps[i].kind == Step::Input || steps[i].kind == Step::Constant || steps[i].kind == Step::Iota;
   };
   auto loop_of = [&](const Step& st) -> const Loop* {
-    if (st.kind != Step::Kernel || st.group >= 0) return nullptr;
+    if (st.kind != Step::Kernel || st.group >= 0 || absorbed_[size_t(st.node)]) return nullptr;
     if (st.launch != Step::Scatter && (st.launch != Step::PerElement || !st.gemv_fn.empty())) return nullptr;
     auto it = loops_.find(st.launch == Step::Scatter ? st.second_fn : st.fn);
     return it == loops_.end() ? nullptr : &it->second;
+  };
+  // What a step's kernel reads: its inputs, and for a Scatter computing its source, the source's inputs instead.
+  auto reads_of = [&](const Step& st) {
+    std::vector<int64_t> r;
+    for (auto& e : g_.node(st.node).inputs)
+      if (e.node != st.producer) r.push_back(e.node);
+    if (st.producer >= 0)
+      for (auto& e : g_.node(st.producer).inputs) r.push_back(e.node);
+    return r;
   };
   std::vector<std::vector<size_t>> batches;
   std::vector<long> batch_of(ns, -1);
   for (size_t i = 0; i < ns; ++i) {
     if (!loop_of(steps[i])) continue;
     size_t ready = 0;  // the first place it may move to
-    for (auto& e : g_.node(steps[i].node).inputs)
-      if (at[e.node] >= 0 && !leaf(at[e.node])) ready = std::max(ready, size_t(at[e.node]) + 1);
+    for (int64_t r : reads_of(steps[i]))
+      if (at[r] >= 0 && !leaf(at[r])) ready = std::max(ready, size_t(at[r]) + 1);
     if (batches.empty() || batches.back()[0] < ready || batches.back().size() == 8) batches.push_back({});
     batches.back().push_back(i);
     batch_of[i] = long(batches.size() - 1);
@@ -1039,8 +1077,8 @@ void Generator::batch_steps() {
       emit(i);
     } else if (batches[size_t(b)][0] == i) {
       for (size_t m : batches[size_t(b)])
-        for (auto& e : g_.node(steps[m].node).inputs)
-          if (at[e.node] >= 0 && leaf(at[e.node])) emit(size_t(at[e.node]));
+        for (int64_t r : reads_of(steps[m]))
+          if (at[r] >= 0 && leaf(at[r])) emit(size_t(at[r]));
       for (size_t m : batches[size_t(b)]) emit(m);
     }
   }
@@ -1066,9 +1104,10 @@ void Generator::batch_steps() {
       k << ", n" << J << " = P" << J << "[" << l.count << "]";
       body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
            << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
-      for (int q = 0; q < l.nin; ++q) {
-        sig << ", const void* __restrict__ I" << J << "_" << q;
-        body << "    const void* in" << q << " = I" << J << "_" << q << ";\n";
+      for (size_t q = 0; q < l.args.size(); ++q) {
+        std::string a = "I" + J + "_" + std::to_string(q), type = arg_type(l.args[q]);
+        sig << ", " << type << a;
+        body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = " << a << ";\n";
       }
       body << l.body;
       G.batch.push_back(now[b[j]]);
@@ -1096,11 +1135,16 @@ Schedule Generator::run() {
   // Weights (float32 inputs a matmul multiplies by, or a gather reads rows of) are kept in the compute dtype;
   // other inputs (caches, activations, small tables such as RoPE frequencies) stay as they are.
   std::vector<char> weight(g_.size(), 0);
+  std::vector<int> reads(g_.size(), 0);  // readers among the needed nodes
+  std::vector<long> at(g_.size(), -1);   // node -> its step
+  absorbed_.assign(g_.size(), 0);
   for (int64_t id : order) {
     const Node& n = g_.node(id);
     bool mm = n.op == Op::Custom && n.name == "MatMul";
-    for (size_t k = 0; k < n.inputs.size(); ++k)
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
+      if (needed[id]) reads[n.inputs[k].node]++;
+    }
   }
   for (int64_t id : order) {
     const Node& n = g_.node(id);
@@ -1151,7 +1195,21 @@ Schedule Generator::run() {
         break;
       }
       case Op::Gather: st = gather_step(n); break;
-      case Op::Scatter: st = scatter_step(n); break;
+      case Op::Scatter: {
+        // The source's element-wise producer, when only this Scatter reads it, as stored.
+        const Edge& src = n.inputs[2];
+        const Step* prod = at[src.node] >= 0 ? &sched_.steps[size_t(at[src.node])] : nullptr;
+        bool fuse = prod && prod->kind == Step::Kernel && prod->launch == Step::PerElement && prod->program &&
+                    prod->program->reduce == Op::Input && !prod->program->has_row_reductions() &&
+                    prod->gemv_fn.empty() && g_.node(src.node).op != Op::Output && reads[src.node] == 1 &&
+                    is_plain(g_, src);
+        st = scatter_step(n, fuse ? prod : nullptr);
+        if (fuse) {
+          st.producer = src.node;
+          absorbed_[size_t(src.node)] = 1;
+        }
+        break;
+      }
       case Op::Custom: {
         int bb;
         if (program_of(n)) {
@@ -1184,6 +1242,7 @@ Schedule Generator::run() {
       }
     }
     st.node = id;
+    at[id] = long(sched_.steps.size());
     sched_.steps.push_back(std::move(st));
   }
   group_matvecs();

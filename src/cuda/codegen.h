@@ -43,6 +43,10 @@ struct Step {
   std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
   int group = -1;                 // a member or epilogue of Schedule::groups[group]
+  // Scatter: the element-wise step computing its source, evaluated in its row writes (the step itself does not
+  // run; its parameter slice and inputs follow the Scatter's arguments), or -1. A layer's k rotation is written
+  // straight into the cache.
+  int64_t producer = -1;
 };
 
 // Steps run as one kernel (`fn`); the steps [first, last] are the group's, next to each other. Otherwise (when the

@@ -433,12 +433,17 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
     const Edge* dest = n.op == Op::Scatter && st.kind == Step::Kernel ? &n.inputs[0] : nullptr;
     in_place_ok_.push_back(dest && g_.node(dest->node).op == Op::Input && readers[dest->node] == 1 &&
                            is_plain(g_, *dest) && s_.storage[dest->node] == s_.storage[st.node]);
+    absorbed_.push_back(0);
     // A copy may be skipped (see identity_copy) when it is not an output, not computed by a matrix-vector group,
     // and reads a buffer this run computed (not an input a Scatter may update in place, nor such a Scatter's result).
     const Node* src = st.kind == Step::Kernel && n.inputs.size() == 1 ? &g_.node(n.inputs[0].node) : nullptr;
     may_alias_.push_back(src && n.op != Op::Output && (st.group < 0 || !s_.groups[size_t(st.group)].batch.empty()) &&
                          src->op != Op::Input && src->op != Op::Constant && src->op != Op::Iota && src->op != Op::Scatter);
   }
+  step_of_.assign(g_.size(), -1);
+  for (size_t i = 0; i < s_.steps.size(); ++i) step_of_[size_t(s_.steps[i].node)] = int64_t(i);
+  for (const Step& st : s_.steps)  // (a Scatter's source computed in its row writes does not run itself)
+    if (st.producer >= 0) absorbed_[size_t(step_of_[size_t(st.producer)])] = 1;
   // An Iota that depends on no dim (an argmax's index row) is computed and uploaded once, like a constant (in the
   // plan's Iota block, the 128256 indices of a vocabulary were sent again with every plan).
   for (size_t i = 0; i < s_.steps.size(); ++i) {
@@ -488,7 +493,7 @@ void Runtime::build_plan(const Bindings& dims) {
       const Node& n = g_.node(st.node);
       P.slot.push_back(nparams);
       if (st.kind == Step::Kernel) nparams += size_t(st.nparams);
-      for (auto& e : n.inputs) P.last_use[e.node] = int64_t(i);
+      for (int64_t r : reads(i)) P.last_use[r] = int64_t(i);
       if (n.op == Op::Output) {
         P.fresh[st.node] = 1;
         if (st.kind == Step::Alias) P.fresh[n.inputs[0].node] = 1;
@@ -499,8 +504,8 @@ void Runtime::build_plan(const Bindings& dims) {
     // apart from it, through the whole group (as if the group were one step).
     for (const Group& G : s_.groups)
       for (size_t i = G.first; i <= G.last; ++i)
-        for (auto& e : g_.node(s_.steps[i].node).inputs)
-          if (P.last_use[e.node] >= int64_t(G.first)) P.last_use[e.node] = std::max<int64_t>(P.last_use[e.node], int64_t(G.last));
+        for (int64_t r : reads(i))
+          if (P.last_use[r] >= int64_t(G.first)) P.last_use[r] = std::max<int64_t>(P.last_use[r], int64_t(G.last));
   }
   Plan& P = *plan_;
   // A step is evaluated again when a dim it depends on changed (or was never bound: evaluating then names it).
@@ -653,8 +658,8 @@ void Runtime::build_plan(const Bindings& dims) {
   for (size_t i = 0; i < s_.steps.size(); ++i) {
     const Step& st = s_.steps[i];
     bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
-    if (buffer && !P.fresh[st.node] && P.variant[i] == 5) {
-      sizes.push_back(0);  // (its input's buffer)
+    if (buffer && !P.fresh[st.node] && (P.variant[i] == 5 || absorbed_[i])) {
+      sizes.push_back(0);  // (its input's buffer; or none)
     } else if (buffer && !P.fresh[st.node]) {
       // (With 1/8 classes, a decode step's attention scores moved the plan every few steps, and with it every
       // kernel argument in the graph.)
@@ -683,8 +688,8 @@ void Runtime::build_plan(const Bindings& dims) {
       bool buffer = st.kind == Step::Kernel || st.kind == Step::Host;
       if (!buffer || P.fresh[st.node]) continue;
       size_t bytes = sizes[k++];
-      if (P.variant[i] == 5) {
-        P.offset[st.node] = P.offset[g_.node(st.node).inputs[0].node];
+      if (P.variant[i] == 5 || absorbed_[i]) {
+        P.offset[st.node] = absorbed_[i] ? -1 : P.offset[g_.node(st.node).inputs[0].node];
         continue;
       }
       size_t off = 0;  // `live` is kept sorted by offset
@@ -881,6 +886,24 @@ Runtime::~Runtime() {
   }
 }
 
+// What step i's kernels read: its inputs, and the inputs of the source a Scatter computes (Step::producer).
+std::vector<int64_t> Runtime::reads(size_t i) const {
+  const Step& st = s_.steps[i];
+  std::vector<int64_t> r;
+  for (auto& e : g_.node(st.node).inputs) r.push_back(e.node);
+  if (st.producer >= 0)
+    for (auto& e : g_.node(st.producer).inputs) r.push_back(e.node);
+  return r;
+}
+
+// A Scatter computing its source: the source's parameter slice and inputs follow its arguments.
+void Runtime::add_producer(size_t i, std::vector<CUdeviceptr>& args) const {
+  int64_t pn = s_.steps[i].producer;
+  if (pn < 0) return;
+  args.push_back(params_->ptr + plan_->slot[size_t(step_of_[size_t(pn)])] * sizeof(int64_t));
+  for (auto& e : g_.node(pn).inputs) args.push_back(ptr_[e.node]);
+}
+
 // A group's kernel, at its first step, when every member takes the matrix-vector path (see codegen.h's Group);
 // marks the group's steps done. Otherwise (prefill) returns false and the steps run one by one.
 template <class OutOf, class InPlace>
@@ -907,6 +930,7 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, const InPlace& i
       }
       args.insert(args.end(), {slot(b), ptr_[st.node]});
       for (auto& in : n.inputs) args.push_back(ptr_[in.node]);
+      add_producer(b, args);
     }
     launch(G.fn, s_.steps[G.batch[0]].node, plan.slot[G.batch[0]], items, false, args);
     for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
@@ -1071,7 +1095,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         break;
       }
       case Step::Kernel: {
-        if (done[i]) break;  // computed by its group's kernel
+        if (done[i] || absorbed_[i]) break;  // computed by its group's kernel, or in a Scatter's row writes
         if (st.group >= 0 && launch_group(s_.groups[size_t(st.group)], out_of, in_place_of, done)) break;
         if (plan.variant[i] == 5) {  // an identity copy: its input's buffer is the result
           ptr[id] = ptr[n.inputs[0].node];
@@ -1088,6 +1112,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         std::vector<CUdeviceptr>& ptrs = scratch_ptrs_;
         ptrs.assign(1, ptr[id]);
         for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
+        add_producer(i, ptrs);  // (the copy kernel before the rows takes only its own arguments: the rest are unread)
         bool per_row = st.launch == Step::PerRow;
         if (plan.variant[i] == 4) launch(st.block_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), plan.threads[i]);
         else if (plan.variant[i] == 3) launch(st.mma_fn, id, plan.slot[i], plan.items[i], false, ptrs, plan.grid[i].data(), 128);

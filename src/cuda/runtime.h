@@ -101,6 +101,10 @@ class Runtime {
   std::vector<uint64_t> step_vars_;
   std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
   std::vector<char> may_alias_;                         // per step: a copy that may be skipped (identity_copy)
+  std::vector<char> absorbed_;                          // per step: computed in a Scatter's row writes, not run
+  std::vector<int64_t> step_of_;                        // per node: its step, or -1
+  std::vector<int64_t> reads(size_t step) const;
+  void add_producer(size_t step, std::vector<CUdeviceptr>& args) const;
   void build_plan(const Bindings& dims);  // host work only; upload_plan sends it
   void upload_plan();
   void plan_ahead(const Bindings& dims);
