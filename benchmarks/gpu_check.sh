@@ -13,6 +13,8 @@ if [ -z "$SKIP_TESTS" ]; then
     tests/test_cuda.py tests/test_ops.py tests/test_errors.py tests/test_llama.py ${EXTRA_TESTS} 2>&1 \
     | tee "$OUT/pytest.log" | grep -v "^\[gw" | tail -${TAIL:-60}
 fi
+# SANITIZE: a -k expression over the cuda tests ("cuda" for all). One process: compute-sanitizer did not follow
+# pytest-xdist's workers (a run with -n 8 instrumented only the parent, which runs no kernels).
 if [ -n "$SANITIZE" ]; then
   for tool in memcheck racecheck; do
     timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
