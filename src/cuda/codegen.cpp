@@ -303,8 +303,8 @@ class Generator {
   std::string program_body(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                            const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
                            const std::map<int, std::string>& given = {}) const;
-  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false,
-                             std::string* loop = nullptr);
+  std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
+  std::string element_loop(const Program& prog, const Step& st, const Node& n) const;
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                          const BodyOf& body_of);
@@ -393,9 +393,18 @@ std::string Generator::loop_kernel(const Loop& l) {
   return name;
 }
 
-// `loop`: for an element-wise program, receives the body of its loop (and the text returned is empty).
-std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row,
-                                      std::string* loop) {
+// The body of an element-wise program's loop over its elements `t` (see loop_kernel).
+std::string Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
+  bool dbl = double_registers(prog, n);
+  int R = st.views.empty() ? 0 : st.views[0].rank;
+  return (R ? unravel(st.views[0], 0, R, "t") : std::string()) +
+         program_body(prog, st, n, dbl ? "double" : "float", dbl, names("i", 0, R), std::vector<char>(prog.code.size(), 1),
+                      size_t(-1)) +
+         "    st_" + dtype_name(n.dtype) + "(out, t, r" + std::to_string(prog.code.size() - 1) + ");\n";
+}
+
+// A program ending in a reduction, or with row reductions.
+std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
   bool reduce = prog.reduce != Op::Input;
   bool dbl = double_registers(prog, n);
   std::string T = dbl ? "double" : "float";
@@ -409,11 +418,7 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   body << body_of(std::vector<char>(prog.code.size(), 1), size_t(-1));
   std::string res = "r" + std::to_string(prog.code.size() - 1);
   std::string st_fn = std::string("st_") + dtype_name(n.dtype);
-  if (!reduce) {
-    if (!loop) throw std::logic_error("CUDA codegen: an element-wise program is a loop");
-    *loop = (R ? unravel(st.views[0], 0, R, "t") : std::string()) + body.str() + "    " + st_fn + "(out, t, " + res + ");\n";
-    return "";
-  }
+  if (!reduce) throw std::logic_error("CUDA codegen: an element-wise program is a loop (element_loop)");
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(int(n.inputs.size())) << " {\n";
   bool sum = prog.reduce == Op::SumReduce;
@@ -498,7 +503,7 @@ Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog,
   st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
   if (st.launch == Step::PerElement && !prog->has_row_reductions()) {
     Loop l;
-    program_kernel(*prog, st, n, false, &l.body);
+    l.body = element_loop(*prog, st, n);
     l.args = input_names(int(n.inputs.size()));
     st.fn = loop_kernel(l);
   } else {
@@ -549,7 +554,7 @@ Step Generator::scatter_step(const Node& n, const Step* producer) {
   st.launch = Step::Scatter;
   st.program = copy;
   Loop cl;
-  program_kernel(*copy, st, n, false, &cl.body);
+  cl.body = element_loop(*copy, st, n);
   cl.args = input_names(3);
   st.fn = loop_kernel(cl);
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
