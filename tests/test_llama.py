@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import luminal as lm
 from luminal.compiler import GenericCompiler
 from luminal.loaders import SafetensorsError, load_llama, load_safetensors
 from luminal.nn import Llama, LlamaConfig, Session, gguf_state_dict, sample
@@ -155,10 +156,14 @@ def test_next_token_is_the_argmax_of_the_logits(tmp_path, backend, seed):
     assert toks == want and len(set(want)) > 1  # (distinct tokens: not a constant answer)
 
 
-def test_greedy_generation_runs_a_step_ahead(tmp_path, backend, seed):
-    """generate() at temperature 0 queues the step feeding a token before reading it: the tokens are next_token's,
-    and a step fed the stop token, or left queued when the caller stops early, is forgotten (the session continues
-    as if it never ran). Capacity 4: the caches grow while steps are queued."""
+@pytest.mark.parametrize("ahead", [False, True])
+def test_greedy_generation_runs_a_step_ahead(tmp_path, backend, seed, ahead, monkeypatch):
+    """generate() at temperature 0 on a backend that queues runs (the GPU; `ahead` makes every backend take that
+    path) queues the step feeding a token before reading it: the tokens are next_token's, and a step fed the stop
+    token, or queued when the caller stops early, is forgotten (the session continues as if it never ran).
+    Capacity 4: the caches grow while steps are queued."""
+    if ahead:
+        monkeypatch.setattr(lm.Graph, "queues_runs", property(lambda self: True))
     cfg = tiny_config()
     write_tiny(tmp_path, cfg, seed)
     model, _ = load_llama(tmp_path, progress=False)

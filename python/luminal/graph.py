@@ -105,6 +105,11 @@ class Graph:
                 self.compilers.append(cc)
         return self
 
+    @property
+    def queues_runs(self) -> bool:
+        """Whether `execute(wait=False)` returns before the run ends (a GPU backend); otherwise it runs it."""
+        return self._runtime is not None
+
     def execute(self, wait: bool = True):
         """Runs every output with the data and dims bound so far.
 

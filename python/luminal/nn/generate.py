@@ -169,37 +169,38 @@ class Session:
             self.stats["decode_s"] += time.perf_counter() - t
 
     def _greedy(self, prompt_ids, max_new_tokens: int, stop_ids):
-        """Greedy decoding one step ahead: the step that feeds a token is queued (its input that token as the device
-        holds it) before the token is read, so a GPU goes from step to step without waiting for the host. Each token
-        it yields has been fed, as with sampling; a step fed the stop token, or left queued when the caller stops
-        early, is forgotten (its cache row is written again later)."""
+        """Greedy decoding; on a backend that queues runs (a GPU), one step ahead: the step that feeds a token is
+        queued (its input that token as the device holds it) before the token is read, so the GPU goes from step to
+        step without waiting for the host. Each token yielded has been fed, as with sampling; a step fed the stop
+        token, or queued when the caller stops early, is forgotten (its cache row is written again later)."""
+        ahead = self.graph.queues_runs
         t0 = time.perf_counter()
         self._feed(prompt_ids, wait=False)
         self.stats = {"prefill_tokens": len(prompt_ids), "prefill_s": 0.0, "decode_tokens": 0, "decode_s": 0.0}
-        pending = self._greedy_result()
-        t_first = t0
+        pending, t_first = self._greedy_result(), t0
         for i in range(max_new_tokens + 1):
-            queued = i < max_new_tokens
+            queued = ahead and i < max_new_tokens
             if queued:
                 self._feed(pending, wait=False)
-                ahead = self._greedy_result()
+                nxt = self._greedy_result()
             tok = int((pending.numpy() if isinstance(pending, _core.DeviceArray) else pending)[0])  # waits for its step
             now = time.perf_counter()
             if i == 0:
-                self.stats["prefill_s"] = now - t0
-                t_first = now
+                self.stats["prefill_s"], t_first = now - t0, now
             else:
-                self.stats["decode_tokens"] = i
-                self.stats["decode_s"] = now - t_first
-            if tok in stop_ids or not queued:
+                self.stats["decode_tokens"], self.stats["decode_s"] = i, now - t_first
+            if tok in stop_ids or i == max_new_tokens:
                 self.length -= queued
                 return
             try:
                 yield tok
             except GeneratorExit:
-                self.length -= 1
+                self.length -= queued
                 raise
-            pending = ahead
+            if not queued:
+                self._feed(pending)
+                nxt = self._greedy_result()
+            pending = nxt
 
     def _greedy_result(self):
         r = self.greedy.result()
