@@ -205,6 +205,8 @@ std::vector<std::string> names(const std::string& prefix, int from, int to) {
   return v;
 }
 
+bool is_leaf(const Step& st) { return st.kind == Step::Input || st.kind == Step::Constant || st.kind == Step::Iota; }
+
 std::string params(int nin) {
   std::string s = "(const i64* __restrict__ p, int* __restrict__ err, void* __restrict__ out";
   for (int k = 0; k < nin; ++k) s += ", const void* __restrict__ in" + std::to_string(k);
@@ -314,6 +316,7 @@ class Generator {
   std::vector<char> absorbed_;  // per node: computed inside a Scatter's row writes (Step::producer), not run itself
   Step qmatmul_step(const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
+  std::vector<size_t> move_together(const std::vector<std::vector<size_t>>& sets);
   void group_matvecs();
   void batch_steps();
   template <class Members, class Epilogue>
@@ -827,9 +830,7 @@ void Generator::group_matvecs() {
       reader[e.node] = long(i);
     }
   }
-  auto leaf = [&](long i) {
-    return steps[i].kind == Step::Input || steps[i].kind == Step::Constant || steps[i].kind == Step::Iota;
-  };
+  auto leaf = [&](long i) { return is_leaf(steps[size_t(i)]); };
   // Step s's inputs are ready at step g0 (other than the nodes in `except`).
   auto ready = [&](size_t s, size_t g0, const std::vector<int64_t>& except) {
     for (auto& e : g_.node(steps[s].node).inputs) {
@@ -901,57 +902,77 @@ void Generator::group_matvecs() {
     if (members.size() >= 2 || any_epilogue) found.push_back(std::move(units));
   }
   if (found.empty()) return;
-  // The new order: each group's steps (and the inputs they read) at its first member's place.
-  std::vector<long> group_of(ns, -1);
-  for (size_t gi = 0; gi < found.size(); ++gi)
-    for (auto& u : found[gi]) {
-      for (size_t m : u.ms) group_of[m] = long(gi);
-      if (u.f >= 0) group_of[size_t(u.f)] = long(gi);
-    }
-  std::vector<size_t> order;
-  std::vector<char> emitted(ns, 0);
-  std::vector<size_t> first(found.size(), 0);
-  auto emit = [&](size_t i) {
-    if (!emitted[i]) order.push_back(i);
-    emitted[i] = 1;
-  };
-  for (size_t i = 0; i < ns; ++i) {
-    long gi = group_of[i];
-    if (gi < 0 || emitted[i]) {
-      emit(i);
-      continue;
-    }
-    std::vector<size_t> body;
-    for (auto& u : found[size_t(gi)])
-      for (size_t m : u.ms) body.push_back(m);
-    for (auto& u : found[size_t(gi)])
-      if (u.f >= 0) body.push_back(size_t(u.f));
-    for (size_t s : body)
-      for (auto& e : g_.node(steps[s].node).inputs)
-        if (leaf(at[e.node])) emit(size_t(at[e.node]));
-    first[size_t(gi)] = order.size();
-    for (size_t s : body) emit(s);
+  // Each group's steps together at its first member's place: members, then epilogues. (Kernels first: they are
+  // printed from the steps as numbered now.)
+  std::vector<std::string> fns;
+  std::vector<std::vector<size_t>> sets(found.size());
+  for (size_t gi = 0; gi < found.size(); ++gi) {
+    fns.push_back(group_kernel(found[gi].size(), [&](size_t u) { return found[gi][u].ms; },
+                               [&](size_t u) { return found[gi][u].f; }));
+    for (auto& u : found[gi]) sets[gi].insert(sets[gi].end(), u.ms.begin(), u.ms.end());
+    for (auto& u : found[gi])
+      if (u.f >= 0) sets[gi].push_back(size_t(u.f));
   }
-  std::vector<size_t> now(ns);
-  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
+  std::vector<size_t> now = move_together(sets);
   for (size_t gi = 0; gi < found.size(); ++gi) {
     Group G;
-    G.fn = group_kernel(found[gi].size(), [&](size_t u) { return found[gi][u].ms; },
-                        [&](size_t u) { return found[gi][u].f; });
+    G.fn = fns[gi];
     for (auto& u : found[gi]) {
       G.units.push_back(G.members.size());
       for (size_t m : u.ms) G.members.push_back(now[m]);
       if (u.f >= 0) G.epilogues.push_back(now[size_t(u.f)]);
     }
-    G.first = first[gi];
-    G.last = G.first + G.members.size() + G.epilogues.size() - 1;
-    for (size_t k = G.first; k <= G.last; ++k) steps[order[k]].group = int(sched_.groups.size());
+    G.first = now[sets[gi][0]];
+    G.last = G.first + sets[gi].size() - 1;
+    for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(sched_.groups.size());
     sched_.groups.push_back(std::move(G));
+  }
+}
+
+// Moves each set of steps next to each other, in the order given, to the place of its earliest step, with the leaves
+// they read (inputs, constants, Iotas) just before; the other steps keep their order. The groups made so far are
+// renumbered with the steps. Returns each step's new index.
+std::vector<size_t> Generator::move_together(const std::vector<std::vector<size_t>>& sets) {
+  std::vector<Step>& steps = sched_.steps;
+  size_t ns = steps.size();
+  std::vector<long> at(g_.size(), -1), set_of(ns, -1);
+  for (size_t i = 0; i < ns; ++i) at[steps[i].node] = long(i);
+  std::vector<size_t> earliest(sets.size(), SIZE_MAX);
+  for (size_t j = 0; j < sets.size(); ++j)
+    for (size_t i : sets[j]) {
+      set_of[i] = long(j);
+      earliest[j] = std::min(earliest[j], i);
+    }
+  std::vector<size_t> order;
+  std::vector<char> emitted(ns, 0);
+  auto emit = [&](size_t i) {
+    if (!emitted[i]) order.push_back(i);
+    emitted[i] = 1;
+  };
+  for (size_t i = 0; i < ns; ++i) {
+    long j = set_of[i];
+    if (j < 0) {
+      emit(i);
+    } else if (earliest[size_t(j)] == i) {
+      for (size_t m : sets[size_t(j)])
+        for (int64_t r : kernel_reads(g_, steps[m]))
+          if (at[r] >= 0 && is_leaf(steps[size_t(at[r])])) emit(size_t(at[r]));
+      for (size_t m : sets[size_t(j)]) emit(m);
+    }
+  }
+  std::vector<size_t> now(ns);
+  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
+  for (Group& G : sched_.groups) {
+    for (std::vector<size_t>* v : {&G.members, &G.epilogues, &G.batch})
+      for (size_t& i : *v) i = now[i];
+    G.first = now[G.first];
+    G.last = now[G.last];
   }
   std::vector<Step> re;
   re.reserve(ns);
   for (size_t k : order) re.push_back(std::move(steps[k]));
   steps = std::move(re);
+  return now;
 }
 
 // The group kernel: a warp per row of the stacked outputs; a unit (one member, or the members one epilogue reads)
@@ -1040,63 +1061,25 @@ void Generator::batch_steps() {
   size_t ns = steps.size();
   std::vector<long> at(g_.size(), -1);
   for (size_t i = 0; i < ns; ++i) at[steps[i].node] = long(i);
-  auto leaf = [&](long i) {
-    return steps[i].kind == Step::Input || steps[i].kind == Step::Constant || steps[i].kind == Step::Iota;
-  };
   auto loop_of = [&](const Step& st) -> const Loop* {
     if (st.kind != Step::Kernel || st.group >= 0 || absorbed_[size_t(st.node)]) return nullptr;
     if (st.launch != Step::Scatter && (st.launch != Step::PerElement || !st.gemv_fn.empty())) return nullptr;
     auto it = loops_.find(st.launch == Step::Scatter ? st.second_fn : st.fn);
     return it == loops_.end() ? nullptr : &it->second;
   };
-  // What a step's kernel reads: its inputs, and for a Scatter computing its source, the source's inputs instead.
-  auto reads_of = [&](const Step& st) {
-    std::vector<int64_t> r;
-    for (auto& e : g_.node(st.node).inputs)
-      if (e.node != st.producer) r.push_back(e.node);
-    if (st.producer >= 0)
-      for (auto& e : g_.node(st.producer).inputs) r.push_back(e.node);
-    return r;
-  };
   std::vector<std::vector<size_t>> batches;
-  std::vector<long> batch_of(ns, -1);
   for (size_t i = 0; i < ns; ++i) {
     if (!loop_of(steps[i])) continue;
     size_t ready = 0;  // the first place it may move to
-    for (int64_t r : reads_of(steps[i]))
-      if (at[r] >= 0 && !leaf(at[r])) ready = std::max(ready, size_t(at[r]) + 1);
+    for (int64_t r : kernel_reads(g_, steps[i]))
+      if (at[r] >= 0 && !is_leaf(steps[size_t(at[r])])) ready = std::max(ready, size_t(at[r]) + 1);
     if (batches.empty() || batches.back()[0] < ready || batches.back().size() == 8) batches.push_back({});
     batches.back().push_back(i);
-    batch_of[i] = long(batches.size() - 1);
   }
-  // The new order: each batch's steps (and the leaves they read) at its first step's place.
-  std::vector<size_t> order;
-  std::vector<char> emitted(ns, 0);
-  auto emit = [&](size_t i) {
-    if (!emitted[i]) order.push_back(i);
-    emitted[i] = 1;
-  };
-  for (size_t i = 0; i < ns; ++i) {
-    long b = batch_of[i];
-    if (b < 0 || batches[size_t(b)].size() < 2) {
-      emit(i);
-    } else if (batches[size_t(b)][0] == i) {
-      for (size_t m : batches[size_t(b)])
-        for (int64_t r : reads_of(steps[m]))
-          if (at[r] >= 0 && leaf(at[r])) emit(size_t(at[r]));
-      for (size_t m : batches[size_t(b)]) emit(m);
-    }
-  }
-  std::vector<size_t> now(ns);
-  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
-  for (Group& G : sched_.groups) {  // (matrix-vector groups keep their steps together: none is batched)
-    for (size_t& m : G.members) m = now[m];
-    for (size_t& e : G.epilogues) e = now[e];
-    G.first = now[G.first];
-    G.last = now[G.last];
-  }
+  batches.erase(std::remove_if(batches.begin(), batches.end(), [](const std::vector<size_t>& b) { return b.size() < 2; }),
+                batches.end());
+  std::vector<Group> made;  // (kernels first: they are printed from the steps as numbered now)
   for (auto& b : batches) {
-    if (b.size() < 2) continue;
     Group G;
     Text sig, k;
     sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
@@ -1115,22 +1098,23 @@ void Generator::batch_steps() {
         body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = " << a << ";\n";
       }
       body << l.body;
-      G.batch.push_back(now[b[j]]);
     }
     k << ";\n  total = n0";
     for (size_t j = 1; j < b.size(); ++j) k << " + n" << int(j);
     G.fn = add_kernel(sig.str() + ") {\n" + k.str() + ";\n" +
                       "  for (i64 t_ = blockIdx.x * (i64)blockDim.x + threadIdx.x; t_ < total; t_ += (i64)gridDim.x * blockDim.x) {\n"
                       "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
+    made.push_back(std::move(G));
+  }
+  std::vector<size_t> now = move_together(batches);
+  for (size_t j = 0; j < batches.size(); ++j) {
+    Group& G = made[j];
+    for (size_t m : batches[j]) G.batch.push_back(now[m]);
     G.first = G.batch[0];
-    G.last = G.first + b.size() - 1;
-    for (size_t m : b) steps[m].group = int(sched_.groups.size());
+    G.last = G.first + G.batch.size() - 1;
+    for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(sched_.groups.size());
     sched_.groups.push_back(std::move(G));
   }
-  std::vector<Step> re;
-  re.reserve(ns);
-  for (size_t k2 : order) re.push_back(std::move(steps[k2]));
-  steps = std::move(re);
 }
 
 Schedule Generator::run() {
@@ -1259,6 +1243,15 @@ Schedule Generator::run() {
 }  // namespace
 
 const char* prelude() { return kPrelude; }
+
+std::vector<int64_t> kernel_reads(const Graph& g, const Step& st) {
+  std::vector<int64_t> r;
+  for (auto& e : g.node(st.node).inputs)
+    if (e.node != st.producer) r.push_back(e.node);
+  if (st.producer >= 0)
+    for (auto& e : g.node(st.producer).inputs) r.push_back(e.node);
+  return r;
+}
 
 Schedule generate(const Graph& g, DType compute) {
   if (!is_float(compute)) throw std::invalid_argument(std::string("CudaCompiler: dtype must be float32, float16 or bfloat16, got ") +

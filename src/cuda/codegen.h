@@ -75,6 +75,10 @@ struct Schedule {
   std::vector<Group> groups;
 };
 
+// The nodes a step's kernels read: its inputs, with a Scatter's source computed in its row writes (Step::producer)
+// replaced by that source's inputs.
+std::vector<int64_t> kernel_reads(const Graph& g, const Step& st);
+
 // The helpers every generated module starts with (loads, stores, rounding per dtype).
 const char* prelude();
 

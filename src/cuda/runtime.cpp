@@ -493,7 +493,7 @@ void Runtime::build_plan(const Bindings& dims) {
       const Node& n = g_.node(st.node);
       P.slot.push_back(nparams);
       if (st.kind == Step::Kernel) nparams += size_t(st.nparams);
-      for (int64_t r : reads(i)) P.last_use[r] = int64_t(i);
+      for (int64_t r : kernel_reads(g_, s_.steps[i])) P.last_use[r] = int64_t(i);
       if (n.op == Op::Output) {
         P.fresh[st.node] = 1;
         if (st.kind == Step::Alias) P.fresh[n.inputs[0].node] = 1;
@@ -504,7 +504,7 @@ void Runtime::build_plan(const Bindings& dims) {
     // apart from it, through the whole group (as if the group were one step).
     for (const Group& G : s_.groups)
       for (size_t i = G.first; i <= G.last; ++i)
-        for (int64_t r : reads(i))
+        for (int64_t r : kernel_reads(g_, s_.steps[i]))
           if (P.last_use[r] >= int64_t(G.first)) P.last_use[r] = std::max<int64_t>(P.last_use[r], int64_t(G.last));
   }
   Plan& P = *plan_;
@@ -886,14 +886,11 @@ Runtime::~Runtime() {
   }
 }
 
-// What step i's kernels read: its inputs, and the inputs of the source a Scatter computes (Step::producer).
-std::vector<int64_t> Runtime::reads(size_t i) const {
-  const Step& st = s_.steps[i];
-  std::vector<int64_t> r;
-  for (auto& e : g_.node(st.node).inputs) r.push_back(e.node);
-  if (st.producer >= 0)
-    for (auto& e : g_.node(st.producer).inputs) r.push_back(e.node);
-  return r;
+// A Scatter writing its rows into its destination, a donated input: that array becomes its result.
+void Runtime::write_into_dest(size_t i) {
+  int64_t id = s_.steps[i].node, dest = g_.node(id).inputs[0].node;
+  owned_[id] = inputs_.at(dest);
+  ptr_[id] = ptr_[dest];
 }
 
 // A Scatter computing its source: the source's parameter slice and inputs follow its arguments.
@@ -920,9 +917,8 @@ bool Runtime::launch_group(const Group& G, const OutOf& out_of, const InPlace& i
     for (size_t b : G.batch) {
       const Step& st = s_.steps[b];
       const Node& n = g_.node(st.node);
-      if (st.launch == Step::Scatter) {  // (as in run: the destination's array becomes the result)
-        owned_[st.node] = inputs_.at(n.inputs[0].node);
-        ptr_[st.node] = ptr_[n.inputs[0].node];
+      if (st.launch == Step::Scatter) {
+        write_into_dest(b);
         items += plan.items2[b];
       } else {  // (an identity copy counts no items: its loop does nothing)
         ptr_[st.node] = plan.variant[b] == 5 ? ptr_[n.inputs[0].node] : out_of(st.node);
@@ -1102,13 +1098,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           break;
         }
         bool in_place = in_place_of(i);
-        if (in_place) {  // the rows are written into the donated destination, which becomes the result
-          int64_t dest = n.inputs[0].node;
-          owned[id] = inputs_.at(dest);
-          ptr[id] = ptr[dest];
-        } else {
-          ptr[id] = out_ptr();
-        }
+        if (in_place) write_into_dest(i);
+        else ptr[id] = out_ptr();
         std::vector<CUdeviceptr>& ptrs = scratch_ptrs_;
         ptrs.assign(1, ptr[id]);
         for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);

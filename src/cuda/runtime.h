@@ -103,8 +103,8 @@ class Runtime {
   std::vector<char> may_alias_;                         // per step: a copy that may be skipped (identity_copy)
   std::vector<char> absorbed_;                          // per step: computed in a Scatter's row writes, not run
   std::vector<int64_t> step_of_;                        // per node: its step, or -1
-  std::vector<int64_t> reads(size_t step) const;
   void add_producer(size_t step, std::vector<CUdeviceptr>& args) const;
+  void write_into_dest(size_t step);
   void build_plan(const Bindings& dims);  // host work only; upload_plan sends it
   void upload_plan();
   void plan_ahead(const Bindings& dims);
