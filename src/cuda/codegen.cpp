@@ -207,11 +207,18 @@ std::vector<std::string> names(const std::string& prefix, int from, int to) {
 
 bool is_leaf(const Step& st) { return st.kind == Step::Input || st.kind == Step::Constant || st.kind == Step::Iota; }
 
-std::string params(int nin) {
+std::string arg_type(const std::string& name) { return name[0] == 'Q' ? "const i64* __restrict__ " : "const void* __restrict__ "; }
+
+std::vector<std::string> input_names(int nin) { return names("in", 0, nin); }
+
+// A kernel's parameter list: its parameter slice, the error word, its output, then `args` (Q...: a parameter slice).
+std::string params(const std::vector<std::string>& args) {
   std::string s = "(const i64* __restrict__ p, int* __restrict__ err, void* __restrict__ out";
-  for (int k = 0; k < nin; ++k) s += ", const void* __restrict__ in" + std::to_string(k);
+  for (auto& a : args) s += ", " + arg_type(a) + a;
   return s + ")";
 }
+
+std::string params(int nin) { return params(input_names(nin)); }
 
 // A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
 // operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
@@ -306,6 +313,7 @@ class Generator {
                            const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
                            const std::map<int, std::string>& given = {}) const;
   std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
+  std::string program_at(const Program& prog, const Step& st, const Node& n, const std::string& t) const;
   std::string element_loop(const Program& prog, const Step& st, const Node& n) const;
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
@@ -380,15 +388,9 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
   return body.str();
 }
 
-std::string arg_type(const std::string& name) { return name[0] == 'Q' ? "const i64* __restrict__ " : "const void* __restrict__ "; }
-
-std::vector<std::string> input_names(int nin) { return names("in", 0, nin); }
-
 std::string Generator::loop_kernel(const Loop& l) {
   Text k;
-  k << "extern \"C\" __global__ void NAME(const i64* __restrict__ p, int* __restrict__ err, void* __restrict__ out";
-  for (auto& a : l.args) k << ", " << arg_type(a) << a;
-  k << ") {\n"
+  k << "extern \"C\" __global__ void NAME" << params(l.args) << " {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[" << l.count
     << "]; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
   std::string name = add_kernel(k.str());
@@ -396,14 +398,19 @@ std::string Generator::loop_kernel(const Loop& l) {
   return name;
 }
 
-// The body of an element-wise program's loop over its elements `t` (see loop_kernel).
-std::string Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
+// The statements computing every register of an element-wise program at its element `t` (a flat index).
+std::string Generator::program_at(const Program& prog, const Step& st, const Node& n, const std::string& t) const {
   bool dbl = double_registers(prog, n);
   int R = st.views.empty() ? 0 : st.views[0].rank;
-  return (R ? unravel(st.views[0], 0, R, "t") : std::string()) +
+  return (R ? unravel(st.views[0], 0, R, t) : std::string()) +
          program_body(prog, st, n, dbl ? "double" : "float", dbl, names("i", 0, R), std::vector<char>(prog.code.size(), 1),
-                      size_t(-1)) +
-         "    st_" + dtype_name(n.dtype) + "(out, t, r" + std::to_string(prog.code.size() - 1) + ");\n";
+                      size_t(-1));
+}
+
+// The body of an element-wise program's loop over its elements `t` (see loop_kernel).
+std::string Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
+  return program_at(prog, st, n, "t") + "    st_" + dtype_name(n.dtype) + "(out, t, r" +
+         std::to_string(prog.code.size() - 1) + ");\n";
 }
 
 // A program ending in a reduction, or with row reductions.
@@ -582,19 +589,13 @@ Step Generator::scatter_step(const Node& n, const Step* producer) {
   } else {
     const Step& ps = *producer;
     const Node& pn = g_.node(ps.node);
-    const Program& pp = *ps.program;
-    bool dbl = double_registers(pp, pn);
-    int RP = ps.views.empty() ? 0 : ps.views[0].rank;
     k << "    { i64 ts_ = " << ViewText{sv}.offset(names("s", 0, sv.rank)) << ";\n    const i64* p = Q;\n";
     rows.args.push_back("Q");
     for (size_t q = 0; q < pn.inputs.size(); ++q) {
       k << "    const void* in" << int(q) << " = J" << int(q) << ";\n";
       rows.args.push_back("J" + std::to_string(q));
     }
-    k << (RP ? unravel(ps.views[0], 0, RP, "ts_") : std::string())
-      << program_body(pp, ps, pn, dbl ? "double" : "float", dbl, names("i", 0, RP), std::vector<char>(pp.code.size(), 1),
-                      size_t(-1))
-      << "    v = (" << T << ")r" << int(pp.code.size() - 1) << "; }\n";
+    k << program_at(*ps.program, ps, pn, "ts_") << "    v = (" << T << ")r" << int(ps.program->code.size() - 1) << "; }\n";
   }
   k << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
   rows.body = k.str();
