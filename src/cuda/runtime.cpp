@@ -130,6 +130,18 @@ FencePool& fence_pool() {
   return *p;
 }
 
+// Makes page-locked `host` (`bytes` long) hold at least `need` bytes: a new one of need's size class (at least
+// `floor`), the old one freed.
+void reserve_pinned(void*& host, size_t& bytes, size_t need, size_t floor = 0) {
+  if (bytes >= need) return;
+  size_t want = std::max(size_class(need), floor);
+  void* p = nullptr;
+  check(driver().cuMemAllocHost(&p, want), "cuMemAllocHost");
+  if (host) check(driver().cuMemFreeHost(host), "cuMemFreeHost");
+  host = p;
+  bytes = want;
+}
+
 // Reads of a finished run's results go through this stream: it does not wait for the runs queued after it, as the
 // default stream would (a non-blocking stream does not synchronise with the legacy default stream).
 CUstream read_stream() {
@@ -237,14 +249,7 @@ void download(const DeviceArray& a, void* host) {
   static void* staging = nullptr;  // kept for the process (freeing page-locked memory may synchronise)
   static size_t staging_bytes = 0;
   std::lock_guard<std::mutex> l(mu);
-  if (staging_bytes < n) {
-    size_t want = std::max(size_class(n), size_t(64) << 10);
-    void* p = nullptr;
-    check(d.cuMemAllocHost(&p, want), "cuMemAllocHost");
-    if (staging) check(d.cuMemFreeHost(staging), "cuMemFreeHost");
-    staging = p;
-    staging_bytes = want;
-  }
+  reserve_pinned(staging, staging_bytes, n, size_t(64) << 10);
   check(d.cuMemcpyDtoHAsync(staging, a.buf->ptr, n, stream), "cuMemcpyDtoHAsync");
   check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
   std::memcpy(host, staging, n);
@@ -747,20 +752,14 @@ void Runtime::upload_plan() {
   Staging& S = staging_[uploads_++ % staging_.size()];
   if (S.copied) check(d.cuEventSynchronize(S.copied), "cuEventSynchronize");
   else check(d.cuEventCreate(&S.copied, 2 /* CU_EVENT_DISABLE_TIMING */), "cuEventCreate");
-  if (S.bytes < pn + block.size()) {
-    size_t want = size_class(pn + block.size());
-    void* h = nullptr;
-    check(d.cuMemAllocHost(&h, want), "cuMemAllocHost");
-    if (S.host) check(d.cuMemFreeHost(S.host), "cuMemFreeHost");
-    S.host = static_cast<char*>(h);
-    S.bytes = want;
-  }
-  std::memcpy(S.host, P.params.data() + lo_slot, pn);
-  if (!block.empty()) std::memcpy(S.host + pn, block.data(), block.size());
+  reserve_pinned(S.host, S.bytes, pn + block.size());
+  char* host = static_cast<char*>(S.host);
+  std::memcpy(host, P.params.data() + lo_slot, pn);
+  if (!block.empty()) std::memcpy(host + pn, block.data(), block.size());
   if (pn)
-    check(d.cuMemcpyHtoDAsync(params_->ptr + lo_slot * sizeof(int64_t), S.host, pn, nullptr), "cuMemcpyHtoDAsync",
+    check(d.cuMemcpyHtoDAsync(params_->ptr + lo_slot * sizeof(int64_t), host, pn, nullptr), "cuMemcpyHtoDAsync",
           "parameters");
-  if (!block.empty()) check(d.cuMemcpyHtoDAsync(iota_->ptr, S.host + pn, block.size(), nullptr), "cuMemcpyHtoDAsync", "Iota");
+  if (!block.empty()) check(d.cuMemcpyHtoDAsync(iota_->ptr, host + pn, block.size(), nullptr), "cuMemcpyHtoDAsync", "Iota");
   check(d.cuEventRecord(S.copied, nullptr), "cuEventRecord");
 }
 

@@ -171,7 +171,7 @@ class Runtime {
   // copy from pageable memory would first wait for them). Two, used in turn, each with an event after its copies,
   // so that preparing a run never overwrites what a queued copy has still to read.
   struct Staging {
-    char* host = nullptr;
+    void* host = nullptr;  // page-locked
     size_t bytes = 0;
     CUevent copied = nullptr;
   };
