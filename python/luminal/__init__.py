@@ -3,7 +3,7 @@
 Build a graph with a PyTorch-like API (nothing runs), compile it with composable compilers, execute it.
 """
 from . import _core
-from ._core import Expr, UnboundDimensionError
+from ._core import Expr, UnboundDimensionError, UnsupportedOpError
 from .dtypes import DType, bfloat16, bool_, dtype, float16, float32, int32, uint8
 from .graph import Graph
 from .tensor import Tensor

@@ -31,10 +31,16 @@ class Remap:
 
 
 # ---- patterns ---------------------------------------------------------------------------------------------------
+PRIMOPS = ("Input", "Constant", "Output", "Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul", "Mod", "LessThan",
+           "SumReduce", "MaxReduce", "Iota", "Gather", "Scatter", "Cast", "Custom")
+
+
 def op(name: str, *inputs, bind: str = "", dtype=None, single_use: bool = False, commutative: bool = True,
        where=None) -> _core.Pattern:
-    """A node of op `name` whose inputs match `inputs` (in either order for Add/Mul unless commutative=False)."""
-    return _core.Pattern(op=name, name=bind, inputs=list(inputs), dtype=None if dtype is None else dt.dtype(dtype).name,
+    """A node of op `name` whose inputs match `inputs` (in either order for Add/Mul unless commutative=False). A name
+    that is no primop matches a backend op by its display name ("MatMul", "Fused", a CustomOp's name)."""
+    kind = {"op": name} if name in PRIMOPS else {"custom": name}
+    return _core.Pattern(**kind, name=bind, inputs=list(inputs), dtype=None if dtype is None else dt.dtype(dtype).name,
                          single_use=single_use, commutative=commutative, where=where)
 
 
@@ -69,7 +75,8 @@ def rewrite(graph, pattern, fn, name: str = "python rule") -> int:
 
 # ---- custom ops ---------------------------------------------------------------------------------------------------
 class CustomOp:
-    """An op a compiler puts in the graph, with its CPU implementation as a numpy function.
+    """An op a compiler puts in the graph, with its CPU implementation as a numpy function. Only the CPU backends
+    can run it: CudaCompiler raises `luminal.UnsupportedOpError` for it unless `host_fallback=True`.
 
     `SUBTRACT = CustomOp("Subtract", lambda a, b: a - b)`; then `SUBTRACT(graph, edge_a, edge_b)` adds a node
     whose shape and dtype are the first input's unless given."""
@@ -81,8 +88,7 @@ class CustomOp:
         first = graph._g.node(edges[0].node)
         shape = shape if shape is not None else (self.shape_fn(*edges) if self.shape_fn else edges[0].view.shape)
         dtype = dt.dtype(dtype or (self.dtype_fn(*edges) if self.dtype_fn else first.dtype))
-        graph._g.register_kernel(self.name, self._kernel)
-        return graph._g.custom(self.name, list(edges), list(shape), dtype.name)
+        return graph._g.custom(self.name, list(edges), list(shape), dtype.name, self._kernel)
 
     def _kernel(self, *args):
         *arrays, out_dtype = args

@@ -77,20 +77,25 @@ def compile_source(source: str, arch: int) -> bytes:
 
 class CudaCompiler:
     """Lowers the graph to CUDA kernels and makes `graph.execute()` run them on the GPU (run GenericCompiler first,
-    and this compiler last). `device=None` generates the kernels without a GPU (see `schedule.source`)."""
+    and this compiler last). `device=None` generates the kernels without a GPU (see `schedule.source`).
 
-    def __init__(self, dtype="float32", device="auto"):
+    An op with no CUDA kernel raises `luminal.UnsupportedOpError` here, at compile time. `host_fallback=True` runs a
+    user's CustomOp on the host instead (its inputs copied to the host and its result back, CUDA graphs off);
+    `host_nodes` then lists those nodes."""
+
+    def __init__(self, dtype="float32", device="auto", host_fallback=False):
         self.dtype = dt.dtype(dtype)
         if not self.dtype.is_float:
             raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
-        self.device = device
+        self.device, self.host_fallback = device, host_fallback
         # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
         self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):
         n = Sequence(*self.passes).compile(graph, remap)
-        self.schedule = _core.cuda_generate(graph._g, self.dtype.name)
+        self.schedule = _core.cuda_generate(graph._g, self.dtype.name, self.host_fallback)
+        self.host_nodes = self.schedule.host_steps()
         if self.device is not None:
             graph._runtime = _Runtime(graph, self.schedule)
         return n

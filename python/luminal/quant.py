@@ -31,5 +31,5 @@ class QuantizedWeight:
 def dequantize(graph, w: QuantizedWeight, name: str = "qweight"):
     """A float32 (rows, cols) tensor computed from `w`'s packed rows, which become a uint8 graph input."""
     raw = graph.tensor(w.raw.shape, dt.uint8, name=name).set(np.ascontiguousarray(w.raw))
-    nid = graph._g.custom("Dequant" + w.qtype, [raw._edge()], list(w.shape), "float32")
+    nid = graph._g.dequant(w.qtype, raw._edge(), list(w.shape))
     return graph._wrap(nid)

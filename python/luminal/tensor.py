@@ -656,6 +656,9 @@ class Tensor:
     def squeeze(self, dim=None) -> "Tensor":
         dims = [i for i, d in enumerate(self.layout.shape) if d.is_const() and int(d) == 1] if dim is None else \
             [a for a in self._dims(dim) if self.layout.shape[a].is_const() and int(self.layout.shape[a]) == 1]
+        if self.ndim == 1 and dims and self.layout.mask:
+            # A padded single element: a view of rank 0 has no mask to say whether it is padding, so copy first.
+            return self.contiguous().squeeze(dim)
         v = self.layout
         for a in sorted(dims, reverse=True):
             v = v.squeeze(a)

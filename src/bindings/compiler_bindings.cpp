@@ -4,7 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core/cpu/cpu.h"
-#include "core/fusion.h"
+#include "core/lower/lower.h"
 #include "core/cpu/simd.h"
 #include "core/rewrite.h"
 

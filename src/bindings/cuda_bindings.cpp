@@ -84,7 +84,7 @@ void bind_cuda(py::module_& m) {
         for (auto& st : s.steps) {
           if (st.kind != Step::Kernel) continue;
           const Node& n = g.node(st.node);
-          std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
+          std::string op = op_label(n);
           const std::pair<const std::string*, const char*> names[] = {{&st.fn, ""}, {&st.second_fn, "/rows"},
               {&st.gemv_fn, "/gemv"}, {&st.gemm_fn, "/tiled"}, {&st.mma_fn, "/mma"}, {&st.block_fn, "/block"}};
           for (auto& [name, tag] : names)
@@ -98,7 +98,7 @@ void bind_cuda(py::module_& m) {
           std::string what;
           for (size_t i : G.batch) {
             const Node& n = g.node(s.steps[i].node);
-            std::string op = n.op == Op::Custom ? n.name : op_name(n.op);
+            std::string op = op_label(n);
             if (what.find(op) == std::string::npos) what += (what.empty() ? "" : "+") + op;
           }
           add(G.fn, what + " x" + std::to_string(G.batch.size()) + "/batch");
@@ -120,7 +120,9 @@ void bind_cuda(py::module_& m) {
           if (st.kind == Step::Host) out.push_back(st.node);
         return out;
       });
-  m.def("cuda_generate", [](const Graph& g, const std::string& dtype) { return generate(g, dtype_from_name(dtype)); });
+  m.def("cuda_generate", [](const Graph& g, const std::string& dtype, bool host_fallback) {
+    return generate(g, dtype_from_name(dtype), host_fallback);
+  }, py::arg("graph"), py::arg("dtype"), py::arg("host_fallback") = false);
 
   py::class_<DeviceArray>(m, "DeviceArray", "An array in GPU memory: a graph output, or data for Graph.set.")
       .def_property_readonly("shape", [](const DeviceArray& a) { return py::tuple(py::cast(a.shape)); })

@@ -10,6 +10,7 @@
 
 #include "core/executor.h"
 #include "core/graph.h"
+#include "core/lower/ops.h"
 #include "core/reference.h"
 
 namespace py = pybind11;
@@ -89,12 +90,37 @@ struct PyExecutor {
 
 DType dtype_of(const py::handle& h) { return dtype_from_name(py::str(h).cast<std::string>()); }
 
+// A Python function as a HostOp's kernel: it takes the GIL, gets contiguous numpy arrays and the output dtype's
+// name, and what it returns is checked.
+CustomKernel python_kernel(const std::string& name, py::function fn) {
+  auto f = std::make_shared<py::function>(std::move(fn));
+  return [f, name](const std::vector<KernelArg>& ins, const Node& node, Buffer& out) {
+    DType out_dtype = node.dtype;
+    std::vector<Buffer> dense;  // Python kernels get contiguous arrays
+    for (auto& a : ins) dense.push_back(materialize(*a.buf, a.view));
+    py::gil_scoped_acquire gil;
+    py::list args;
+    for (auto& b : dense) args.append(to_numpy(b));
+    py::object r = (*f)(*args, py::str(dtype_name(out_dtype)));
+    py::array arr = py::array::ensure(r, py::array::c_style);
+    if (!arr) throw std::runtime_error("custom op '" + name + "' must return a numpy array");
+    auto want = numpy_dtype(out_dtype);
+    if (!arr.dtype().is(want) && !arr.dtype().equal(want))
+      throw std::runtime_error("custom op '" + name + "' returned " + std::string(py::str(arr.dtype())) +
+                               ", expected " + dtype_name(out_dtype));
+    if (!std::equal(out.shape.begin(), out.shape.end(), arr.shape(), arr.shape() + arr.ndim()))
+      throw std::runtime_error("custom op '" + name + "' returned an array of the wrong shape");
+    std::memcpy(out.data.get(), arr.data(), out.nbytes());
+  };
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "luminal's C++ core: symbolic expressions, views, the graph and its executors";
   py::register_exception<std::domain_error>(m, "SymbolicError", PyExc_ZeroDivisionError);
   py::register_exception<UnboundDimension>(m, "UnboundDimensionError", PyExc_ValueError);
+  py::register_exception<UnsupportedOpError>(m, "UnsupportedOpError", PyExc_NotImplementedError);
 
   py::class_<Expr>(m, "Expr", "A canonical symbolic integer expression.")
       .def(py::init([](const py::object& v) { return to_expr(v); }), py::arg("value"))
@@ -172,7 +198,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("axis", &Node::axis)
       .def_readonly("value", &Node::value)
       .def_readonly("expr", &Node::expr)
-      .def_readonly("name", &Node::name)
+      .def_property_readonly("name", [](const Node& n) { return n.op == Op::Custom ? n.kop->name() : n.name; })
       .def_readonly("alive", &Node::alive);
 
   auto op_of = [](const std::string& name) {
@@ -200,7 +226,14 @@ PYBIND11_MODULE(_core, m) {
       .def("scatter", &Graph::scatter)
       .def("cast", [](Graph& g, const Edge& x, const py::object& dt) { return g.cast(x, dtype_of(dt)); })
       .def("custom", [](Graph& g, const std::string& name, const std::vector<Edge>& ins, const py::iterable& s,
-                        const py::object& dt) { return g.custom(name, ins, to_shape(s), dtype_of(dt)); })
+                        const py::object& dt, py::function fn) {
+        return g.backend_op(std::make_shared<HostOp>(name, python_kernel(name, fn)), ins, to_shape(s), dtype_of(dt));
+      }, "A user's op (HostOp) run by the Python function `fn(*input_arrays, out_dtype_name)`.")
+      .def("dequant", [](Graph& g, const std::string& format, const Edge& raw, const py::iterable& s) {
+        auto f = quant_format(format);
+        if (!f) throw std::invalid_argument("unknown quantised format '" + format + "' (Q8_0, Q4_0 or Q4_1)");
+        return g.backend_op(std::make_shared<DequantOp>(*f), {raw}, to_shape(s), DType::F32);
+      }, "Float32 weights unpacked from uint8 rows of GGUF blocks.")
       .def("node", &Graph::node, py::return_value_policy::copy)
       .def("__len__", &Graph::size)
       .def("alive_count", &Graph::alive_count)
@@ -212,28 +245,7 @@ PYBIND11_MODULE(_core, m) {
       .def("remove", &Graph::remove)
       .def("replace_uses_scalar", &Graph::replace_uses_scalar)
       .def("users", &Graph::users)
-      .def("keep", &Graph::keep)
-      .def("register_kernel", [](Graph& g, const std::string& name, py::function fn) {
-        // The kernel runs Python: take the GIL, hand it numpy arrays, check what comes back.
-        g.register_kernel(name, [fn, name](const std::vector<KernelArg>& ins, const Node& node, Buffer& out) {
-          DType out_dtype = node.dtype;
-          std::vector<Buffer> dense;  // Python kernels get contiguous arrays
-          for (auto& a : ins) dense.push_back(materialize(*a.buf, a.view));
-          py::gil_scoped_acquire gil;
-          py::list args;
-          for (auto& b : dense) args.append(to_numpy(b));
-          py::object r = fn(*args, py::str(dtype_name(out_dtype)));
-          py::array arr = py::array::ensure(r, py::array::c_style);
-          if (!arr) throw std::runtime_error("custom op '" + name + "' must return a numpy array");
-          auto want = numpy_dtype(out_dtype);
-          if (!arr.dtype().is(want) && !arr.dtype().equal(want))
-            throw std::runtime_error("custom op '" + name + "' returned " + std::string(py::str(arr.dtype())) +
-                                     ", expected " + dtype_name(out_dtype));
-          if (!std::equal(out.shape.begin(), out.shape.end(), arr.shape(), arr.shape() + arr.ndim()))
-            throw std::runtime_error("custom op '" + name + "' returned an array of the wrong shape");
-          std::memcpy(out.data.get(), arr.data(), out.nbytes());
-        });
-      });
+      .def("keep", &Graph::keep);
 
   py::class_<PyExecutor>(m, "Executor", "Runs a graph's outputs; keeps its schedule and memory plan between runs.")
       .def(py::init<const Graph&>(), py::keep_alive<1, 2>())

@@ -7,6 +7,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "core/cpu/cpu.h"
 #include "core/memory_plan.h"
 
 namespace luminal {
@@ -62,7 +63,11 @@ void Executor::build() {
     }
     std::sort(s.deps.begin(), s.deps.end());
     s.deps.erase(std::unique(s.deps.begin(), s.deps.end()), s.deps.end());
-    if (n.op == Op::Custom) s.kernel = g_.kernel(n.name);
+    if (n.op == Op::Custom) {
+      s.kernel = cpu_kernel(*n.kop);
+      if (!s.kernel)
+        throw UnsupportedOpError("the CPU backend has no kernel for " + op_label(n) + " (node " + std::to_string(id) + ")");
+    }
     s.home = n.op == Op::Input ? Home::Input : n.op == Op::Output ? Home::Own : Home::Arena;
     steps_.push_back(std::move(s));
   }
@@ -195,7 +200,6 @@ BufferMap Executor::run(const Bindings& dims, const BufferMap& inputs, const std
         else if (s.home == Home::Own) out.data = Buffer::alloc(n.dtype, s.out_shape).data;
         else out.data = std::shared_ptr<void>(arena_, arena + s.offset);
         if (n.op == Op::Custom) {
-          if (!s.kernel) throw std::runtime_error("custom op '" + n.name + "' has no CPU kernel registered");
           (*s.kernel)(s.args, n, out);
         } else {
           run_primop(n, s.args, dims, out);
@@ -203,7 +207,7 @@ BufferMap Executor::run(const Bindings& dims, const BufferMap& inputs, const std
       }
       if (n.op == Op::Output) results[s.id] = out;
       if (profile) {
-        auto& e = prof[n.op == Op::Custom ? n.name : op_name(n.op)];
+        auto& e = prof[op_label(n)];
         e.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         e.second += 1;
       }

@@ -36,14 +36,15 @@ size_t node_hash(const Node& n) {
   mix(std::hash<uint64_t>()(bits));
   mix(n.expr.hash());
   mix(std::hash<std::string>()(n.name));
+  if (n.kop) mix(n.kop->hash());
   for (auto& e : n.inputs) { mix(std::hash<int64_t>()(e.node)); mix(e.view.hash()); }
   return h;
 }
 
 bool same_node(const Node& a, const Node& b) {
   if (a.op != b.op || a.dtype != b.dtype || a.axis != b.axis || a.name != b.name || a.shape != b.shape ||
-      std::memcmp(&a.value, &b.value, 8) != 0 || a.expr != b.expr || a.payload != b.payload ||
-      a.inputs.size() != b.inputs.size())
+      std::memcmp(&a.value, &b.value, 8) != 0 || a.expr != b.expr || bool(a.kop) != bool(b.kop) ||
+      (a.kop && !a.kop->equals(*b.kop)) || a.inputs.size() != b.inputs.size())
     return false;
   for (size_t i = 0; i < a.inputs.size(); ++i)
     if (a.inputs[i].node != b.inputs[i].node || a.inputs[i].view != b.inputs[i].view) return false;

@@ -119,7 +119,7 @@ int64_t Graph::add(Node n) {
       break;
     }
     case Op::Custom:
-      if (n.name.empty()) throw err(n.op, "needs a name");
+      if (!n.kop) throw err(n.op, "needs a backend op");
       break;
   }
   n.alive = true;
@@ -168,11 +168,14 @@ int64_t Graph::scatter(const Edge& dest, const Edge& idx, const Edge& src) {
   return add(Node{Op::Scatter, DType::F32, {}, {dest, idx, src}});
 }
 int64_t Graph::cast(const Edge& x, DType dtype) { return add(Node{Op::Cast, dtype, {}, {x}}); }
-int64_t Graph::custom(const std::string& name, const std::vector<Edge>& inputs, const Shape& shape, DType dtype) {
+int64_t Graph::backend_op(std::shared_ptr<const KernelOp> op, const std::vector<Edge>& inputs, const Shape& shape,
+                          DType dtype) {
   Node n{Op::Custom, dtype, shape, inputs};
-  n.name = name;
+  n.kop = std::move(op);
   return add(std::move(n));
 }
+
+std::string op_label(const Node& n) { return n.op == Op::Custom && n.kop ? n.kop->name() : op_name(n.op); }
 
 const Node& Graph::node(int64_t id) const {
   if (id < 0 || id >= int64_t(nodes_.size())) throw std::out_of_range("no node with id " + std::to_string(id));
@@ -311,27 +314,13 @@ void Graph::remove(int64_t id) {
   Node& n = node_mut(id);
   n.alive = false;
   std::vector<Edge>().swap(n.inputs);
-  n.payload.reset();
+  n.kop.reset();
   std::vector<int64_t>().swap(users_[id]);
 }
 
 int64_t Graph::resolve(int64_t id) const {
   for (auto it = remap_.find(id); it != remap_.end(); it = remap_.find(id)) id = it->second;
   return id;
-}
-
-static std::unordered_map<std::string, CustomKernel>& builtin_kernels() {
-  static std::unordered_map<std::string, CustomKernel> k;
-  return k;
-}
-
-void register_builtin_kernel(const std::string& name, CustomKernel k) { builtin_kernels()[name] = std::move(k); }
-
-const CustomKernel* Graph::kernel(const std::string& name) const {
-  auto it = kernels_.find(name);
-  if (it != kernels_.end()) return &it->second;
-  auto b = builtin_kernels().find(name);
-  return b == builtin_kernels().end() ? nullptr : &b->second;
 }
 
 }  // namespace luminal

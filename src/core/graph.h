@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "core/expr.h"
+#include "core/kernel_op.h"
 #include "core/view.h"
 
 namespace luminal {
@@ -20,7 +21,7 @@ enum class Op : uint8_t {
   Add, Mul, Mod, LessThan,
   SumReduce, MaxReduce,
   Iota, Gather, Scatter, Cast,
-  // an op a compiler put in place, executed by a registered kernel
+  // a backend op a compiler put in place (see kernel_op.h)
   Custom,
 };
 
@@ -41,10 +42,19 @@ struct Node {
   int axis = -1;             // SumReduce / MaxReduce
   double value = 0;          // Constant
   Expr expr;                 // Iota: the value at index `z`
-  std::string name;          // Input's name, Custom's op name
-  std::shared_ptr<const void> payload;  // a backend op's data (a fused kernel's program); compared by identity
+  std::string name;          // Input's name
+  std::shared_ptr<const KernelOp> kop;  // Custom: the backend op, with its attributes
   bool alive = true;
 };
+
+// The op's display name: a primop's, or the backend op's.
+std::string op_label(const Node& n);
+
+// The backend op of type T a node holds, or null.
+template <class T>
+const T* op_as(const Node& n) {
+  return n.op == Op::Custom ? dynamic_cast<const T*>(n.kop.get()) : nullptr;
+}
 
 // A materialised tensor: contiguous elements of `dtype`.
 struct Buffer {
@@ -62,14 +72,6 @@ struct KernelArg {
   ConcreteView view;
 };
 
-struct Node;
-// A custom op's CPU implementation: reads its inputs and writes every element of `out`, which the executor has
-// allocated with the node's dtype and (evaluated) shape.
-using CustomKernel = std::function<void(const std::vector<KernelArg>&, const Node&, Buffer& out)>;
-
-// Kernels every graph can use (native ops such as dequantisation), registered once at start-up.
-void register_builtin_kernel(const std::string& name, CustomKernel k);
-
 class Graph {
  public:
   // Builders; each checks shapes and dtypes and throws std::invalid_argument naming the op and shapes.
@@ -83,7 +85,8 @@ class Graph {
   int64_t gather(const Edge& table, const Edge& idx);
   int64_t scatter(const Edge& dest, const Edge& idx, const Edge& src);
   int64_t cast(const Edge& x, DType dtype);
-  int64_t custom(const std::string& name, const std::vector<Edge>& inputs, const Shape& shape, DType dtype);
+  int64_t backend_op(std::shared_ptr<const KernelOp> op, const std::vector<Edge>& inputs, const Shape& shape,
+                     DType dtype);
   int64_t add(Node n);  // generic: validates by op, appends, returns the new id
 
   const Node& node(int64_t id) const;
@@ -108,10 +111,8 @@ class Graph {
   void keep(int64_t id) { kept_.push_back(id); }  // survives dead-node removal
   std::vector<int64_t> kept() const;
 
-  void register_kernel(const std::string& name, CustomKernel k) { kernels_[name] = std::move(k); ++version_; }
   // Changes with every edit, so that executors know when their schedule is stale.
   uint64_t version() const { return version_; }
-  const CustomKernel* kernel(const std::string& name) const;
 
  private:
   void check_edge(const Edge& e, const char* op) const;
@@ -121,7 +122,6 @@ class Graph {
   std::vector<int64_t> kept_;
   std::unordered_map<int64_t, int64_t> remap_;
   std::unordered_map<int64_t, bool> remap_scalar_;  // replaced by a one-value node
-  std::unordered_map<std::string, CustomKernel> kernels_;
   uint64_t version_ = 0;
 };
 

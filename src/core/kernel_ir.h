@@ -52,13 +52,20 @@ struct AttentionPlan {
   int scores;
 };
 
-// The program a "Fused" node carries, or null for any other node.
-inline const Program* program_of(const Node& n) {
-  return n.op == Op::Custom && n.name == "Fused" ? static_cast<const Program*>(n.payload.get()) : nullptr;
+// Structural equality and hash: two fused kernels computing the same program are the same op.
+inline bool operator==(const Instr& a, const Instr& b) {
+  return a.kind == b.kind && a.op == b.op && a.a == b.a && a.b == b.b && a.input == b.input && a.dtype == b.dtype &&
+         (a.imm == b.imm || (a.imm != a.imm && b.imm != b.imm));
 }
-
-// The packed weight formats of the `Dequant<format>` and `QMatMul<format>` ops (GGUF blocks of 32 weights): the
-// block size in bytes when `name` is `prefix` + a format (Q8_0, Q4_0, Q4_1), else 0. Defined with the CPU kernels.
-int quant_block_bytes(const std::string& name, const char* prefix);
+inline bool operator==(const Program& a, const Program& b) {
+  return a.code == b.code && a.reduce == b.reduce && a.float_registers == b.float_registers;
+}
+inline size_t hash_program(const Program& p) {
+  size_t h = size_t(p.reduce) * 131 + p.code.size();
+  for (auto& in : p.code)
+    h = h * 1000003 ^ (size_t(in.kind) | size_t(in.op) << 4 | size_t(in.dtype) << 12 | size_t(in.input + 1) << 16 |
+                       size_t(in.a + 1) << 32 | size_t(in.b + 1) << 48);
+  return h;
+}
 
 }  // namespace luminal

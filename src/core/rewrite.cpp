@@ -31,7 +31,7 @@ bool match_edge(const Graph& g, const Pattern& p, const Edge& e, Match& m) {
   if (p.op && n.op != *p.op) return false;
   if (p.dtype && n.dtype != *p.dtype) return false;
   if (p.value && !(n.op == Op::Constant && n.value == *p.value)) return false;
-  if (!p.custom.empty() && !(n.op == Op::Custom && n.name == p.custom)) return false;
+  if (!p.custom.empty() && !(n.op == Op::Custom && n.kop->name() == p.custom)) return false;
   if (p.single_use && g.users(e.node).size() != 1) return false;
   if (p.where && !p.where(g, e.node, e.view)) return false;
   if (!p.name.empty()) {
@@ -69,7 +69,7 @@ namespace {
 bool root_may_match(const Pattern& p, const Node& n) {
   if (p.op && n.op != *p.op) return false;
   if (p.dtype && n.dtype != *p.dtype) return false;
-  if (!p.custom.empty() && n.name != p.custom) return false;
+  if (!p.custom.empty() && (n.op != Op::Custom || n.kop->name() != p.custom)) return false;
   return p.inputs.empty() || n.inputs.size() == p.inputs.size();
 }
 }  // namespace

@@ -20,7 +20,7 @@ struct Pattern {
   std::vector<Pattern> inputs;       // empty: the inputs are not looked at
   std::optional<DType> dtype;
   std::optional<double> value;       // a Constant with this value
-  std::string custom;                // a Custom op of this name
+  std::string custom;                // a backend op of this display name
   bool single_use = false;           // the node has exactly one consumer
   bool commutative = true;           // for two-input patterns on Add/Mul: also try the inputs swapped
   std::function<bool(const Graph&, int64_t node, const View& view)> where;  // any other condition

@@ -1,5 +1,7 @@
 #include "cuda/codegen.h"
 
+#include "core/lower/ops.h"
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -250,13 +252,15 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
 
 class Generator {
  public:
-  Generator(const Graph& g, DType compute) : g_(g), compute_(compute) {}
+  Generator(const Graph& g, DType compute, bool host_fallback)
+      : g_(g), compute_(compute), host_fallback_(host_fallback) {}
 
   Schedule run();
 
  private:
   const Graph& g_;
   DType compute_;
+  bool host_fallback_;
   Schedule sched_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
@@ -1130,7 +1134,7 @@ Schedule Generator::run() {
   absorbed_.assign(g_.size(), 0);
   for (int64_t id : order) {
     const Node& n = g_.node(id);
-    bool mm = n.op == Op::Custom && n.name == "MatMul";
+    bool mm = op_as<MatMulOp>(n) != nullptr;
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
       if (needed[id]) reads[n.inputs[k].node]++;
@@ -1201,10 +1205,9 @@ Schedule Generator::run() {
         break;
       }
       case Op::Custom: {
-        int bb;
-        if (program_of(n)) {
-          st = program_step(n, std::static_pointer_cast<const Program>(n.payload));
-        } else if (n.name == "MatMul") {
+        if (const FusedOp* f = op_as<FusedOp>(n)) {
+          st = program_step(n, std::shared_ptr<const Program>(n.kop, &f->prog));
+        } else if (op_as<MatMulOp>(n)) {
           // A dot product per output: a two-load program ending in a sum. The product is not rounded to the
           // output type (as the CPU MatMul kernel).
           auto prog = std::make_shared<Program>();
@@ -1222,12 +1225,18 @@ Schedule Generator::run() {
           prog->reduce = Op::SumReduce;
           st = program_step(n, prog);
           matmul_fast_kernels(n, st);
-        } else if ((bb = quant_block_bytes(n.name, "QMatMul"))) {
-          st = qmatmul_step(n, bb);
-        } else if ((bb = quant_block_bytes(n.name, "Dequant"))) {
-          st = dequant_step(n, bb);
+        } else if (const QMatMulOp* q = op_as<QMatMulOp>(n)) {
+          st = qmatmul_step(n, format_info(q->format).block_bytes);
+        } else if (const DequantOp* d = op_as<DequantOp>(n)) {
+          st = dequant_step(n, format_info(d->format).block_bytes);
+        } else if (!(host_fallback_ && op_as<HostOp>(n))) {
+          std::string why = op_as<HostOp>(n) ? ": it is a user op with only a CPU kernel (CudaCompiler(host_fallback="
+                                               "True) runs such ops on the host, copying their inputs and result)"
+                                             : "";
+          throw UnsupportedOpError("the CUDA backend has no kernel for " + op_label(n) + " (node " +
+                                   std::to_string(id) + ")" + why);
         }
-        // Anything else (an op a Python compiler added) runs its CPU kernel on the host.
+        // (A Host step: the user op's CPU kernel runs on the host.)
         break;
       }
     }
@@ -1254,10 +1263,10 @@ std::vector<int64_t> kernel_reads(const Graph& g, const Step& st) {
   return r;
 }
 
-Schedule generate(const Graph& g, DType compute) {
+Schedule generate(const Graph& g, DType compute, bool host_fallback) {
   if (!is_float(compute)) throw std::invalid_argument(std::string("CudaCompiler: dtype must be float32, float16 or bfloat16, got ") +
                                                       dtype_name(compute));
-  return Generator(g, compute).run();
+  return Generator(g, compute, host_fallback).run();
 }
 
 }  // namespace cuda

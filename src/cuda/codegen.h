@@ -82,8 +82,10 @@ std::vector<int64_t> kernel_reads(const Graph& g, const Step& st);
 // The helpers every generated module starts with (loads, stores, rounding per dtype).
 const char* prelude();
 
-// `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py).
-Schedule generate(const Graph& g, DType compute);
+// `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py). An op the
+// backend has no kernel for raises UnsupportedOpError, except a user op (HostOp) with `host_fallback`: it then
+// runs its CPU kernel on the host (a Step::Host).
+Schedule generate(const Graph& g, DType compute, bool host_fallback = false);
 
 }  // namespace cuda
 }  // namespace luminal

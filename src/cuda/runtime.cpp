@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 
+#include "core/lower/ops.h"
 #include "core/reference.h"
 
 namespace luminal {
@@ -364,7 +365,7 @@ Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
   auto labels = std::make_shared<std::vector<std::string>>(g_.size());
   for (int64_t id = 0; id < int64_t(g_.size()); ++id) {
     const Node& n = g_.node(id);
-    (*labels)[size_t(id)] = n.op == Op::Custom ? n.name : op_name(n.op);
+    (*labels)[size_t(id)] = op_label(n);
   }
   labels_ = labels;
   // Symbolic numbers of every shape and view, evaluated per plan.
@@ -582,14 +583,14 @@ void Runtime::build_plan(const Bindings& dims) {
         int64_t lo = v.offset, hi = v.offset;
         for (int d = 0; d < vs.rank; ++d) (v.strides[d] < 0 ? lo : hi) += (v.shape[d] - 1) * v.strides[d];
         if (lo < 0 || hi >= size)
-          throw std::out_of_range(std::string(n.op == Op::Custom ? n.name.c_str() : op_name(n.op)) + " (node " +
+          throw std::out_of_range(op_label(n) + " (node " +
                                   std::to_string(st.node) + "): a view reads element " + std::to_string(lo < 0 ? lo : hi) +
                                   " of a buffer of " + std::to_string(size) + " elements");
       }
       cv.push_back(v);
     }
     int64_t out_n = numel_of(shape);
-    if (st.block_bytes && n.name.compare(0, 7, "QMatMul") == 0) {
+    if (st.block_bytes && op_as<QMatMulOp>(n)) {
       const ConcreteView& a = cv[0];
       size_t r = a.shape.size();
       int64_t K = a.shape[r - 1], N = a.shape[r - 2], rows = 0;
@@ -603,7 +604,7 @@ void Runtime::build_plan(const Bindings& dims) {
       }
       p[S + m] = rows;
       if (!ok || rows != N)
-        throw std::invalid_argument(n.name + ": expects contiguous activation rows and uint8 weight rows of whole blocks");
+        throw std::invalid_argument(op_label(n) + ": expects contiguous activation rows and uint8 weight rows of whole blocks");
       p[2] = K;
       p[3] = N;
       P.items[i] = out_n;
@@ -611,7 +612,7 @@ void Runtime::build_plan(const Bindings& dims) {
       const ConcreteView& w = cv[0];
       int64_t bytes = w.shape.back();
       if (w.strides.back() != 1 || bytes % st.block_bytes)
-        throw std::invalid_argument(n.name + ": expects uint8 rows of whole blocks");
+        throw std::invalid_argument(op_label(n) + ": expects uint8 rows of whole blocks");
       p[2] = bytes / st.block_bytes * 32;
       P.items[i] = p[2] ? out_n / 32 : 0;
     } else if (st.program && st.program->has_row_reductions()) {
@@ -802,7 +803,7 @@ void Runtime::execute(const Launch& l) {
   CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, 0, nullptr, args, nullptr);
   if (r) {
     const Node& n = g_.node(l.node);
-    check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + (n.op == Op::Custom ? n.name : op_name(n.op)) + ")");
+    check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + op_label(n) + ")");
   }
 }
 
@@ -1112,9 +1113,9 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         break;
       }
       case Step::Host: {
-        // An op with only a CPU kernel (a Python custom op): inputs come to the host, the result goes back.
-        const CustomKernel* k = g_.kernel(n.name);
-        if (!k) throw std::runtime_error("custom op '" + n.name + "' has no CUDA kernel and no CPU kernel registered");
+        // A user's op with only a CPU kernel, compiled with the host fallback: inputs come to the host, the result
+        // goes back.
+        const CustomKernel* k = &op_as<HostOp>(n)->kernel();
         std::vector<Buffer> host;
         host.reserve(n.inputs.size());
         for (auto& e : n.inputs) {
@@ -1135,14 +1136,14 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         Buffer r = Buffer::alloc(n.dtype, plan.shapes[id]);
         (*k)(args, n, r);
         ptr[id] = out_ptr();
-        if (r.nbytes()) check(driver().cuMemcpyHtoD(ptr[id], r.data.get(), r.nbytes()), "cuMemcpyHtoD", n.name);
+        if (r.nbytes()) check(driver().cuMemcpyHtoD(ptr[id], r.data.get(), r.nbytes()), "cuMemcpyHtoD", op_label(n));
         break;
       }
     }
     if (n.op == Op::Output && st.kind == Step::Kernel) results[id] = owned.at(id);
     if (profile && st.kind != Step::Input && st.kind != Step::Constant && st.kind != Step::Alias) {
-      check(driver().cuCtxSynchronize(), "cuCtxSynchronize", n.op == Op::Custom ? n.name : op_name(n.op));
-      std::string key = n.op == Op::Custom ? n.name : op_name(n.op);
+      check(driver().cuCtxSynchronize(), "cuCtxSynchronize", op_label(n));
+      std::string key = op_label(n);
       const char* variants[] = {"", "/gemv", "/tiled", "/mma", "/block", "/skipped"};
       if (st.kind == Step::Kernel) key += variants[plan.variant[i]];
       auto& e = prof[key];

@@ -7,7 +7,7 @@
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
-#include "core/kernel_ir.h"
+#include "core/lower/ops.h"
 
 namespace luminal {
 namespace {
@@ -23,7 +23,7 @@ void check_operand(const KernelArg& a, const char* what) {
 // args: q, k (S's operands, views (.., T, D)), v (the output product's right operand, view (.., N, T)), then the
 // program's inputs except the scores.
 void attention_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
-  const AttentionPlan& plan = *static_cast<const AttentionPlan*>(node.payload.get());
+  const AttentionPlan& plan = op_as<AttentionOp>(node)->plan;
   const KernelArg &q = args.at(0), &k = args.at(1), &v = args.at(2);
   check_operand(q, "query");
   check_operand(k, "key");
@@ -79,7 +79,7 @@ void attention_kernel(const std::vector<KernelArg>& args, const Node& node, Buff
 }
 
 struct Registrar {
-  Registrar() { register_builtin_kernel("Attention", attention_kernel); }
+  Registrar() { register_cpu_kernel(typeid(AttentionOp), attention_kernel); }
 } registrar;
 
 }  // namespace

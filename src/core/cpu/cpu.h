@@ -1,10 +1,16 @@
-// The native CPU backend's lowering: rewrite rules that put native kernels in place of primop patterns.
+// The native CPU backend: its kernels for the backend ops (registered by op type), and what they share.
 #pragma once
 #include <functional>
+#include <typeindex>
 
-#include "core/rewrite.h"
+#include "core/graph.h"
 
 namespace luminal {
+
+// The CPU kernel of a backend op type (each kernel file registers its own at start-up).
+void register_cpu_kernel(std::type_index op, CustomKernel k);
+// The kernel for `op`: a HostOp's own, a registered one, or null where the CPU has none.
+const CustomKernel* cpu_kernel(const KernelOp& op);
 
 // Runs fn(begin, end) over [0, n) split across the worker threads (serially when the work is small).
 void parallel_for(int64_t n, int64_t cost_per_item, const std::function<void(int64_t, int64_t)>& fn);
@@ -25,17 +31,6 @@ int num_threads();
 // (row stride ldc); packed, cache-blocked, multithreaded. False (nothing written) where the CPU lacks the SIMD.
 bool gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbn,
               int64_t sbk, float* C, int64_t ldc);
-
-// SumReduce(last axis) of a Mul read as stored: a dot product per output, i.e. matmul/matvec over any
-// broadcast views. Returns the number of rewrites.
-size_t lower_matmuls(Graph& g);
-
-// MatMul over a Dequant<type>(raw rows) -> QMatMul<type> (weights unpacked on the fly), and
-// Gather(Dequant(raw)) -> Dequant(Gather(raw)). Run after lower_matmuls.
-size_t lower_quantized(Graph& g);
-
-// QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
-size_t stack_qmatmuls(Graph& g);
 
 struct Program;
 // Evaluates a float-register program over row `row` (of length L) of its iteration space, input `given` reading

@@ -11,7 +11,7 @@
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
-#include "core/kernel_ir.h"
+#include "core/lower/ops.h"
 
 namespace luminal {
 namespace {
@@ -221,7 +221,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
 }
 
 void fused_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
-  const Program& prog = *std::static_pointer_cast<const Program>(node.payload);
+  const Program& prog = op_as<FusedOp>(node)->prog;
   if (prog.float_registers) run_program<float>(prog, args, node, out);
   else run_program<double>(prog, args, node, out);
 }
@@ -254,7 +254,7 @@ void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, i
 namespace {
 
 struct Registrar {
-  Registrar() { register_builtin_kernel("Fused", fused_kernel); }
+  Registrar() { register_cpu_kernel(typeid(FusedOp), fused_kernel); }
 } registrar;
 
 }  // namespace

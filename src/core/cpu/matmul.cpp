@@ -5,6 +5,7 @@
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
+#include "core/lower/ops.h"
 
 namespace luminal {
 namespace {
@@ -194,27 +195,9 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
 }
 
 struct Registrar {
-  Registrar() { register_builtin_kernel("MatMul", matmul_kernel); }
+  Registrar() { register_cpu_kernel(typeid(MatMulOp), matmul_kernel); }
 } registrar;
 
 }  // namespace
-
-size_t lower_matmuls(Graph& g) {
-  Pattern mul = op(Op::Mul, {any("a"), any("b")});
-  mul.commutative = false;
-  Pattern root = op(Op::SumReduce, {mul});
-  root.where = [](const Graph& gg, int64_t id, const View&) {
-    const Node& n = gg.node(id);
-    return n.axis == int(n.inputs[0].view.shape.size()) - 1;
-  };
-  Rule rule{"SumReduce(Mul) -> MatMul", root, [](Graph& gg, const Match& m) -> std::optional<int64_t> {
-              // A row times itself is a sum of squares (RMSNorm), not a product of matrices: it stays a reduction,
-              // which fuses with its producers and consumers.
-              if (m["a"].node == m["b"].node && m["a"].view == m["b"].view) return std::nullopt;
-              const Node& n = gg.node(m.root);
-              return gg.custom("MatMul", {m["a"], m["b"]}, n.shape, n.dtype);
-            }};
-  return apply_rules(g, {rule});
-}
 
 }  // namespace luminal

@@ -1,6 +1,6 @@
 // Fusion passes: which primops run as one kernel. The decisions are shared by every backend; each backend runs or
 // prints the kernels they make (the CPU in src/core/cpu, CUDA in src/cuda).
-#include "core/fusion.h"
+#include "core/lower/lower.h"
 
 #include <algorithm>
 #include <functional>
@@ -8,7 +8,6 @@
 #include <optional>
 #include <set>
 
-#include "core/kernel_ir.h"
 #include "core/rewrite.h"
 
 namespace luminal {
@@ -176,7 +175,7 @@ class ProgramBuilder {
   std::vector<std::pair<Edge, int>> memo_;
 };
 
-bool is_matmul(const Node& n) { return n.op == Op::Custom && n.name == "MatMul" && n.dtype == DType::F32; }
+bool is_matmul(const Node& n) { return op_as<MatMulOp>(n) && n.dtype == DType::F32; }
 
 bool only_user(const Graph& g, int64_t producer, int64_t consumer) {
   std::vector<int64_t> us = g.users(producer), kept = g.kept();
@@ -207,8 +206,7 @@ size_t fuse_elementwise(Graph& g, bool row_reductions) {
     }
     const Node& x = g.node(id);
     Shape shape = x.shape;
-    int64_t f = g.custom("Fused", b.inputs_, shape, x.dtype);
-    g.node_mut(f).payload = b.prog_;
+    int64_t f = g.backend_op(std::make_shared<FusedOp>(std::move(prog)), b.inputs_, shape, x.dtype);
     g.replace_uses(id, f);
     g.remove(id);
     b.remove_absorbed();
@@ -257,10 +255,9 @@ size_t fuse_attention(Graph& g) {
     std::vector<Edge> inputs{s.inputs[0], s.inputs[1], ve};
     for (size_t i = 0; i < p.inputs.size(); ++i)
       if (int(i) != scores) inputs.push_back(p.inputs[i]);
-    auto plan = std::make_shared<AttentionPlan>(AttentionPlan{*prog, scores});
+    auto op = std::make_shared<AttentionOp>(AttentionPlan{*prog, scores});
     Shape shape = o.shape;
-    int64_t a = g.custom("Attention", inputs, shape, DType::F32);
-    g.node_mut(a).payload = plan;
+    int64_t a = g.backend_op(op, inputs, shape, DType::F32);
     g.replace_uses(id, a);
     g.remove(id);
     g.remove(p_id);

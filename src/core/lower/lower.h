@@ -1,0 +1,30 @@
+// The core lowering passes: rewrite rules that put backend ops (ops.h) in place of primop patterns. Shared by
+// every backend: CPUCompiler and CudaCompiler are lists of these passes, and each backend runs or prints the ops.
+#pragma once
+#include <cstddef>
+
+#include "core/lower/ops.h"
+
+namespace luminal {
+
+// SumReduce(last axis) of a Mul read as stored -> MatMul. Returns the number of rewrites.
+size_t lower_matmuls(Graph& g);
+
+// MatMul over a Dequant(raw rows) -> QMatMul (weights unpacked on the fly), and Gather(Dequant(raw)) ->
+// Dequant(Gather(raw)). Run after lower_matmuls.
+size_t lower_quantized(Graph& g);
+
+// QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
+size_t stack_qmatmuls(Graph& g);
+
+// Chains of elementwise primops (and a sum/max over the last axis at their end) -> one Fused kernel each. With
+// `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
+// (Instr::Reduce): RMSNorm and softmax become one kernel each.
+size_t fuse_elementwise(Graph& g, bool row_reductions = false);
+
+// MatMul(rows of a float32 row program over the rows of another MatMul, V) -> one Attention kernel: the scores,
+// the program (scale, mask, softmax) and the weighted sum of V's rows, without the scores in memory. Run after
+// fuse_elementwise.
+size_t fuse_attention(Graph& g);
+
+}  // namespace luminal
