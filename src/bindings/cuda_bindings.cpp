@@ -64,17 +64,17 @@ void bind_cuda(py::module_& m) {
     return py::make_tuple(py::bytes(bin), hit);
   }, py::arg("source"), py::arg("arch"), "Compiles CUDA C to a cubin for sm_<arch> (through the disk cache): (cubin, cache hit).");
 
-  py::class_<Schedule>(m, "CudaSchedule", "The kernels and steps generated for a graph (no GPU needed).")
-      .def_readonly("source", &Schedule::source)
-      .def_readonly("kernel_texts", &Schedule::kernels)
-      .def("storage_dtype", [](const Schedule& s, int64_t id) { return std::string(dtype_name(s.storage.at(id))); })
-      .def("kernels", [](const Schedule& s) {
+  py::class_<Module>(m, "CudaSchedule", "The kernels and steps generated for a graph (no GPU needed).")
+      .def_readonly("source", &Module::source)
+      .def_readonly("kernel_texts", &Module::kernels)
+      .def("storage_dtype", [](const Module& s, int64_t id) { return std::string(dtype_name(s.storage.at(id))); })
+      .def("kernels", [](const Module& s) {
         py::list out;
         for (auto& st : s.steps)
-          if (st.kind == Step::Kernel) out.append(py::make_tuple(st.node, st.fn, st.second_fn));
+          if (st.kind == cuda::Step::Kernel) out.append(py::make_tuple(st.node, st.fn, st.second_fn));
         return out;
       })
-      .def("kernel_ops", [](const Schedule& s, const Graph& g) {
+      .def("kernel_ops", [](const Module& s, const Graph& g) {
         // Every kernel name -> the op kind(s) of the steps that may launch it (for profiles).
         std::map<std::string, std::string> out;
         auto add = [&](const std::string& name, const std::string& what) {
@@ -82,7 +82,7 @@ void bind_cuda(py::module_& m) {
           if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
         };
         for (auto& st : s.steps) {
-          if (st.kind != Step::Kernel) continue;
+          if (st.kind != cuda::Step::Kernel) continue;
           const Node& n = g.node(st.node);
           std::string op = op_label(n);
           const std::pair<const std::string*, const char*> names[] = {{&st.fn, ""}, {&st.second_fn, "/rows"},
@@ -105,7 +105,7 @@ void bind_cuda(py::module_& m) {
         }
         return out;
       })
-      .def("groups", [](const Schedule& s) {
+      .def("groups", [](const Module& s) {
         py::list out;  // (kernel, node ids): steps that run as one kernel
         for (auto& G : s.groups) {
           std::vector<int64_t> ids;
@@ -114,10 +114,10 @@ void bind_cuda(py::module_& m) {
         }
         return out;
       }, "Steps that run as one kernel: (its name, their node ids), matrix-vector groups and batches.")
-      .def("host_steps", [](const Schedule& s) {
+      .def("host_steps", [](const Module& s) {
         std::vector<int64_t> out;
         for (auto& st : s.steps)
-          if (st.kind == Step::Host) out.push_back(st.node);
+          if (st.kind == cuda::Step::Host) out.push_back(st.node);
         return out;
       });
   m.def("cuda_generate", [](const Graph& g, const std::string& dtype, bool host_fallback) {
@@ -162,7 +162,7 @@ void bind_cuda(py::module_& m) {
   }, "A device copy of `shape` elements of `dtype` at a device address of this process's context.");
 
   py::class_<Runtime>(m, "CudaRuntime")
-      .def(py::init([](const Graph& g, const Schedule& s) { return new Runtime(g, s); }))
+      .def(py::init([](const Graph& g, const Module& s) { return new Runtime(g, s); }))
       .def("in_place_inputs", &Runtime::in_place_inputs)
       .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
       .def("last_times", &Runtime::last_times, "Host seconds of the last run: (plan, record, replay, wait for the device).")

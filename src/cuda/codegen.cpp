@@ -207,8 +207,6 @@ std::vector<std::string> names(const std::string& prefix, int from, int to) {
   return v;
 }
 
-bool is_leaf(const Step& st) { return st.kind == Step::Input || st.kind == Step::Constant || st.kind == Step::Iota; }
-
 std::string arg_type(const std::string& name) { return name[0] == 'Q' ? "const i64* __restrict__ " : "const void* __restrict__ "; }
 
 std::vector<std::string> input_names(int nin) { return names("in", 0, nin); }
@@ -255,13 +253,13 @@ class Generator {
   Generator(const Graph& g, DType compute, bool host_fallback)
       : g_(g), compute_(compute), host_fallback_(host_fallback) {}
 
-  Schedule run();
+  Module run();
 
  private:
   const Graph& g_;
   DType compute_;
   bool host_fallback_;
-  Schedule sched_;
+  Module sched_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
   // Grid-stride kernels by name: the body of their loop over t and the parameter slot counting its items (what a
@@ -322,18 +320,15 @@ class Generator {
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                          const BodyOf& body_of);
-  Step program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm = {});
-  Step gather_step(const Node& n);
-  Step scatter_step(const Node& n, const Step* producer);
-  std::vector<char> absorbed_;  // per node: computed inside a Scatter's row writes (Step::producer), not run itself
-  Step qmatmul_step(const Node& n, int block_bytes);
+  void program_step(Step& st, const Node& n);
+  void gather_step(Step& st, const Node& n);
+  void scatter_step(Step& st, const Node& n, const Step* producer);
+  void qmatmul_step(Step& st, const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
-  std::vector<size_t> move_together(const std::vector<std::vector<size_t>>& sets);
-  void group_matvecs();
-  void batch_steps();
+  std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
-  Step dequant_step(const Node& n, int block_bytes);
+  void dequant_step(Step& st, const Node& n, int block_bytes);
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -510,9 +505,9 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
   return k.str();
 }
 
-Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog, std::vector<int> perm) {
-  Step st{Step::Kernel, -1};
-  for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), perm));
+void Generator::program_step(Step& st, const Node& n) {
+  const Program* prog = st.program.get();
+  for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), st.perm));
   layout(st);
   st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
   if (st.launch == Step::PerElement && !prog->has_row_reductions()) {
@@ -525,12 +520,9 @@ Step Generator::program_step(const Node& n, std::shared_ptr<const Program> prog,
   }
   if (prog->has_row_reductions()) st.block_fn = st.fn;  // always a block per row (runtime.cpp)
   else if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
-  st.program = std::move(prog);
-  return st;
 }
 
-Step Generator::gather_step(const Node& n) {
-  Step st{Step::Kernel, -1};
+void Generator::gather_step(Step& st, const Node& n) {
   st.views = {slot(n, 0), slot(n, 1)};  // table, index
   layout(st);
   const ViewSlot &tv = st.views[0], &iv = st.views[1];
@@ -550,23 +542,21 @@ Step Generator::gather_step(const Node& n) {
     << "    i64 j0 = (i64)row;\n    " << T << " v;\n"
     << load(tv, names("j", 0, Rt), "in0", ts, T, "v") << "    st_" << dtype_name(n.dtype) << "(out, t, v);\n  }\n}\n";
   st.fn = add_kernel(k.str());
-  return st;
+
 }
 
 // `producer`: the element-wise step computing the source (read as stored, by this Scatter only): the row writes
 // evaluate its program instead of loading the source, through its own parameter slice and inputs (Q, J<k>).
-Step Generator::scatter_step(const Node& n, const Step* producer) {
+void Generator::scatter_step(Step& st, const Node& n, const Step* producer) {
   // First the destination is copied into the output (a one-load program), then the source rows are written.
   auto copy = std::make_shared<Program>();
   Instr ld{Instr::Load};
   ld.input = 0;
   ld.dtype = g_.node(n.inputs[0].node).dtype;
   copy->code.push_back(ld);
-  Step st{Step::Kernel, -1};
   st.views = {slot(n, 0), slot(n, 1), slot(n, 2)};  // dest, index, src
   layout(st);
   st.launch = Step::Scatter;
-  st.program = copy;
   Loop cl;
   cl.body = element_loop(*copy, st, n);
   cl.args = input_names(3);
@@ -605,7 +595,6 @@ Step Generator::scatter_step(const Node& n, const Step* producer) {
   rows.body = k.str();
   rows.count = 2;
   st.second_fn = loop_kernel(rows);
-  return st;
 }
 
 // The MatMul's faster kernels; both use the generic kernel's parameter slice (views 0 and 1 of rank R).
@@ -731,8 +720,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
 // p[1]: outputs, p[2]: K, p[3]: N.
 // Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row n - start[j];
 // the m + 1 starts follow the views in the parameter slice.
-Step Generator::qmatmul_step(const Node& n, int bb) {
-  Step st{Step::Kernel, -1};
+void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int m = int(n.inputs.size()) - 1;
   for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
   layout(st);
@@ -779,12 +767,10 @@ Step Generator::qmatmul_step(const Node& n, int bb) {
   }
   k << "    }\n    acc = warp_sum(acc);\n    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, o, acc);\n  }\n}\n";
   st.fn = add_kernel(k.str());
-  return st;
 }
 
 // One thread per block of 32 weights. p[1]: blocks, p[2]: weights per row.
-Step Generator::dequant_step(const Node& n, int bb) {
-  Step st{Step::Kernel, -1};
+void Generator::dequant_step(Step& st, const Node& n, int bb) {
   st.views = {slot(n, 0)};
   layout(st);
   st.block_bytes = bb;
@@ -814,170 +800,6 @@ Step Generator::dequant_step(const Node& n, int bb) {
   }
   k << "  }\n}\n";
   st.fn = add_kernel(k.str());
-  return st;
-}
-
-// Matrix-vector products that read the same activations (a layer's q/k/v, or gate and up) become one launch, and an
-// elementwise step that is the only reader of some of them (the residual add after o or down, SwiGLU's
-// silu(gate) * up) is computed as they store, so that their results never go through memory. A decode step then
-// launches 4 matrix-vector kernels per Llama layer instead of 7, and 3 elementwise kernels fewer.
-// The runtime uses the group's kernel when every member takes the matrix-vector path and runs the steps one by one
-// otherwise (prefill), so the group's steps are moved next to each other (they only read what is ready by then).
-void Generator::group_matvecs() {
-  std::vector<Step>& steps = sched_.steps;
-  size_t ns = steps.size();
-  std::vector<long> at(g_.size(), -1), reader(g_.size(), -1);
-  std::vector<int> reads(g_.size(), 0);
-  for (size_t i = 0; i < ns; ++i) {
-    at[steps[i].node] = long(i);
-    for (auto& e : g_.node(steps[i].node).inputs) {
-      reads[e.node]++;
-      reader[e.node] = long(i);
-    }
-  }
-  auto leaf = [&](long i) { return is_leaf(steps[size_t(i)]); };
-  // Step s's inputs are ready at step g0 (other than the nodes in `except`).
-  auto ready = [&](size_t s, size_t g0, const std::vector<int64_t>& except) {
-    for (auto& e : g_.node(steps[s].node).inputs) {
-      long p = at[e.node];
-      bool skip = std::find(except.begin(), except.end(), e.node) != except.end();
-      if (!skip && p >= long(g0) && !leaf(p)) return false;
-    }
-    return true;
-  };
-  // The elementwise step that is matmul step i's only reader, reading it as stored at its own shape; or -1.
-  auto epilogue_of = [&](size_t i) -> long {
-    int64_t id = steps[i].node;
-    long f = reader[id];
-    if (reads[id] != 1 || f < 0) return -1;
-    const Step& fs = steps[f];
-    const Node& fn = g_.node(fs.node);
-    bool ok = fs.kind == Step::Kernel && fs.program && fs.gemv_fn.empty() && fs.launch == Step::PerElement &&
-              !absorbed_[size_t(fs.node)] &&
-              fs.program->reduce == Op::Input && !fs.program->has_row_reductions() && fn.op != Op::Output &&
-              fn.shape == g_.node(id).shape;
-    for (auto& e : fn.inputs)
-      if (e.node == id) ok = ok && is_plain(g_, e);
-    return ok ? f : -1;
-  };
-  // Matrix-vector candidates by the activations they read (each unit reads them through its own view numbers).
-  std::vector<std::vector<size_t>> keyed;
-  for (size_t i = 0; i < ns; ++i) {
-    if (steps[i].gemv_fn.empty()) continue;
-    int64_t a = g_.node(steps[i].node).inputs[0].node;
-    auto same = [&](const std::vector<size_t>& k) { return g_.node(steps[k[0]].node).inputs[0].node == a; };
-    auto it = std::find_if(keyed.begin(), keyed.end(), same);
-    if (it == keyed.end()) keyed.push_back({i});
-    else it->push_back(i);
-  }
-  struct Unit {
-    std::vector<size_t> ms;
-    long f = -1;
-  };
-  std::vector<std::vector<Unit>> found;
-  for (auto& cand : keyed) {
-    size_t g0 = cand[0];
-    std::vector<size_t> members;
-    for (size_t m : cand)
-      if (m == g0 || ready(m, g0, {})) members.push_back(m);
-    std::vector<Unit> units;
-    std::vector<char> placed(members.size(), 0);
-    std::vector<long> ep(members.size());
-    for (size_t j = 0; j < members.size(); ++j) ep[j] = epilogue_of(members[j]);
-    for (size_t j = 0; j < members.size(); ++j) {
-      if (placed[j]) continue;
-      Unit u;
-      long f = ep[j];
-      for (size_t k = j; k < members.size() && f >= 0; ++k)
-        if (!placed[k] && ep[k] == f) u.ms.push_back(k);
-      std::vector<int64_t> ids;
-      for (size_t k : u.ms) ids.push_back(steps[members[k]].node);
-      if (f >= 0 && u.ms.size() <= 4 && ready(size_t(f), g0, ids)) {
-        u.f = f;
-      } else {
-        u.ms = {j};
-      }
-      for (size_t& k : u.ms) {
-        placed[k] = 1;
-        k = members[k];
-      }
-      units.push_back(u);
-    }
-    bool any_epilogue = std::any_of(units.begin(), units.end(), [](const Unit& u) { return u.f >= 0; });
-    if (members.size() >= 2 || any_epilogue) found.push_back(std::move(units));
-  }
-  if (found.empty()) return;
-  // Each group's steps together at its first member's place: members, then epilogues. (Kernels first: they are
-  // printed from the steps as numbered now.)
-  std::vector<std::string> fns;
-  std::vector<std::vector<size_t>> sets(found.size());
-  for (size_t gi = 0; gi < found.size(); ++gi) {
-    fns.push_back(group_kernel(found[gi].size(), [&](size_t u) { return found[gi][u].ms; },
-                               [&](size_t u) { return found[gi][u].f; }));
-    for (auto& u : found[gi]) sets[gi].insert(sets[gi].end(), u.ms.begin(), u.ms.end());
-    for (auto& u : found[gi])
-      if (u.f >= 0) sets[gi].push_back(size_t(u.f));
-  }
-  std::vector<size_t> now = move_together(sets);
-  for (size_t gi = 0; gi < found.size(); ++gi) {
-    Group G;
-    G.fn = fns[gi];
-    for (auto& u : found[gi]) {
-      G.units.push_back(G.members.size());
-      for (size_t m : u.ms) G.members.push_back(now[m]);
-      if (u.f >= 0) G.epilogues.push_back(now[size_t(u.f)]);
-    }
-    G.first = now[sets[gi][0]];
-    G.last = G.first + sets[gi].size() - 1;
-    for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(sched_.groups.size());
-    sched_.groups.push_back(std::move(G));
-  }
-}
-
-// Moves each set of steps next to each other, in the order given, to the place of its earliest step, with the leaves
-// they read (inputs, constants, Iotas) just before; the other steps keep their order. The groups made so far are
-// renumbered with the steps. Returns each step's new index.
-std::vector<size_t> Generator::move_together(const std::vector<std::vector<size_t>>& sets) {
-  std::vector<Step>& steps = sched_.steps;
-  size_t ns = steps.size();
-  std::vector<long> at(g_.size(), -1), set_of(ns, -1);
-  for (size_t i = 0; i < ns; ++i) at[steps[i].node] = long(i);
-  std::vector<size_t> earliest(sets.size(), SIZE_MAX);
-  for (size_t j = 0; j < sets.size(); ++j)
-    for (size_t i : sets[j]) {
-      set_of[i] = long(j);
-      earliest[j] = std::min(earliest[j], i);
-    }
-  std::vector<size_t> order;
-  std::vector<char> emitted(ns, 0);
-  auto emit = [&](size_t i) {
-    if (!emitted[i]) order.push_back(i);
-    emitted[i] = 1;
-  };
-  for (size_t i = 0; i < ns; ++i) {
-    long j = set_of[i];
-    if (j < 0) {
-      emit(i);
-    } else if (earliest[size_t(j)] == i) {
-      for (size_t m : sets[size_t(j)])
-        for (int64_t r : kernel_reads(g_, steps[m]))
-          if (at[r] >= 0 && is_leaf(steps[size_t(at[r])])) emit(size_t(at[r]));
-      for (size_t m : sets[size_t(j)]) emit(m);
-    }
-  }
-  std::vector<size_t> now(ns);
-  for (size_t k = 0; k < ns; ++k) now[order[k]] = k;
-  for (Group& G : sched_.groups) {
-    for (std::vector<size_t>* v : {&G.members, &G.epilogues, &G.batch})
-      for (size_t& i : *v) i = now[i];
-    G.first = now[G.first];
-    G.last = now[G.last];
-  }
-  std::vector<Step> re;
-  re.reserve(ns);
-  for (size_t k : order) re.push_back(std::move(steps[k]));
-  steps = std::move(re);
-  return now;
 }
 
 // The group kernel: a warp per row of the stacked outputs; a unit (one member, or the members one epilogue reads)
@@ -1057,195 +879,77 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   return add_kernel(k.str());
 }
 
-// Steps that read none of each other's results, each an element-wise loop (a fused program, or a Scatter's row
-// writes), become one launch: in a decode step such kernels (a layer's q and k rotations, its two cache writes) do
-// little work, and each costs a launch and a wait for the kernel before it. A step joins the batch opened last when
-// everything it reads comes before that batch's first step (it is moved up to it), else opens a batch itself.
-void Generator::batch_steps() {
-  std::vector<Step>& steps = sched_.steps;
-  size_t ns = steps.size();
-  std::vector<long> at(g_.size(), -1);
-  for (size_t i = 0; i < ns; ++i) at[steps[i].node] = long(i);
-  auto loop_of = [&](const Step& st) -> const Loop* {
-    if (st.kind != Step::Kernel || st.group >= 0 || absorbed_[size_t(st.node)]) return nullptr;
-    if (st.launch != Step::Scatter && (st.launch != Step::PerElement || !st.gemv_fn.empty())) return nullptr;
-    auto it = loops_.find(st.launch == Step::Scatter ? st.second_fn : st.fn);
-    return it == loops_.end() ? nullptr : &it->second;
-  };
-  std::vector<std::vector<size_t>> batches;
-  for (size_t i = 0; i < ns; ++i) {
-    if (!loop_of(steps[i])) continue;
-    size_t ready = 0;  // the first place it may move to
-    for (int64_t r : kernel_reads(g_, steps[i]))
-      if (at[r] >= 0 && !is_leaf(steps[size_t(at[r])])) ready = std::max(ready, size_t(at[r]) + 1);
-    if (batches.empty() || batches.back()[0] < ready || batches.back().size() == 8) batches.push_back({});
-    batches.back().push_back(i);
-  }
-  batches.erase(std::remove_if(batches.begin(), batches.end(), [](const std::vector<size_t>& b) { return b.size() < 2; }),
-                batches.end());
-  std::vector<Group> made;  // (kernels first: they are printed from the steps as numbered now)
-  for (auto& b : batches) {
-    Group G;
-    Text sig, k;
-    sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
-    k << "  i64 total = 0";
-    Text body;
-    for (size_t j = 0; j < b.size(); ++j) {
-      const Loop& l = *loop_of(steps[b[j]]);
-      std::string J = std::to_string(j);
-      sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
-      k << ", n" << J << " = P" << J << "[" << l.count << "]";
-      body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
-           << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
-      for (size_t q = 0; q < l.args.size(); ++q) {
-        std::string a = "I" + J + "_" + std::to_string(q), type = arg_type(l.args[q]);
-        sig << ", " << type << a;
-        body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = " << a << ";\n";
-      }
-      body << l.body;
+// A batch's kernel: its steps' loops (a fused program, or a Scatter's row writes) one after the other in one
+// grid-stride loop; each part reads its own parameter slice and pointers through shadowed names.
+std::string Generator::batch_kernel(const Group& G) {
+  const std::vector<Step>& steps = sched_.steps;
+  Text sig, k, body;
+  sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
+  k << "  i64 total = 0";
+  for (size_t j = 0; j < G.batch.size(); ++j) {
+    const Step& st = steps[G.batch[j]];
+    const Loop& l = loops_.at(st.launch == Step::Scatter ? st.second_fn : st.fn);
+    std::string J = std::to_string(j);
+    sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
+    k << ", n" << J << " = P" << J << "[" << l.count << "]";
+    body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
+         << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
+    for (size_t q = 0; q < l.args.size(); ++q) {
+      std::string a = "I" + J + "_" + std::to_string(q), type = arg_type(l.args[q]);
+      sig << ", " << type << a;
+      body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = " << a << ";\n";
     }
-    k << ";\n  total = n0";
-    for (size_t j = 1; j < b.size(); ++j) k << " + n" << int(j);
-    G.fn = add_kernel(sig.str() + ") {\n" + k.str() + ";\n" +
-                      "  for (i64 t_ = blockIdx.x * (i64)blockDim.x + threadIdx.x; t_ < total; t_ += (i64)gridDim.x * blockDim.x) {\n"
-                      "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
-    made.push_back(std::move(G));
+    body << l.body;
   }
-  std::vector<size_t> now = move_together(batches);
-  for (size_t j = 0; j < batches.size(); ++j) {
-    Group& G = made[j];
-    for (size_t m : batches[j]) G.batch.push_back(now[m]);
-    G.first = G.batch[0];
-    G.last = G.first + G.batch.size() - 1;
-    for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(sched_.groups.size());
-    sched_.groups.push_back(std::move(G));
-  }
+  k << ";\n  total = n0";
+  for (size_t j = 1; j < G.batch.size(); ++j) k << " + n" << int(j);
+  return add_kernel(sig.str() + ") {\n" + k.str() + ";\n" +
+                    "  for (i64 t_ = blockIdx.x * (i64)blockDim.x + threadIdx.x; t_ < total; t_ += (i64)gridDim.x * blockDim.x) {\n"
+                    "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
 }
 
-Schedule Generator::run() {
-  sched_.storage.assign(g_.size(), DType::F32);
-  std::vector<int64_t> order = g_.topo_order();
-  std::vector<char> needed = g_.needed(order);  // only what the outputs need, as the CPU executor
-  // Weights (float32 inputs a matmul multiplies by, or a gather reads rows of) are kept in the compute dtype;
-  // other inputs (caches, activations, small tables such as RoPE frequencies) stay as they are.
-  std::vector<char> weight(g_.size(), 0);
-  std::vector<int> reads(g_.size(), 0);  // readers among the needed nodes
-  std::vector<long> at(g_.size(), -1);   // node -> its step
-  absorbed_.assign(g_.size(), 0);
-  for (int64_t id : order) {
-    const Node& n = g_.node(id);
-    bool mm = op_as<MatMulOp>(n) != nullptr;
-    for (size_t k = 0; k < n.inputs.size(); ++k) {
-      if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
-      if (needed[id]) reads[n.inputs[k].node]++;
+// Prints a kernel for every step and group of the core schedule.
+Module Generator::run() {
+  luminal::Schedule core = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
+  sched_.storage = std::move(core.storage);
+  std::vector<long> at(g_.size(), -1);  // node -> its step
+  for (const luminal::Step& cs : core.steps) {
+    const Node& n = g_.node(cs.node);
+    at[cs.node] = long(sched_.steps.size());
+    sched_.steps.emplace_back(cs);
+    Step& st = sched_.steps.back();
+    if (st.kind != Step::Kernel) continue;
+    if (st.program) {
+      program_step(st, n);
+      if (op_as<MatMulOp>(n)) matmul_fast_kernels(n, st);
+    } else if (n.op == Op::Gather) {
+      gather_step(st, n);
+    } else if (n.op == Op::Scatter) {
+      scatter_step(st, n, st.producer >= 0 ? &sched_.steps[size_t(at[st.producer])] : nullptr);
+    } else if (const QMatMulOp* q = op_as<QMatMulOp>(n)) {
+      qmatmul_step(st, n, format_info(q->format).block_bytes);
+    } else if (const DequantOp* d = op_as<DequantOp>(n)) {
+      dequant_step(st, n, format_info(d->format).block_bytes);
+    } else {
+      std::string why = op_as<HostOp>(n) ? ": it is a user op with only a CPU kernel (CudaCompiler(host_fallback="
+                                           "True) runs such ops on the host, copying their inputs and result)"
+                                         : "";
+      throw UnsupportedOpError("the CUDA backend has no kernel for " + op_label(n) + " (node " +
+                               std::to_string(cs.node) + ")" + why);
     }
   }
-  for (int64_t id : order) {
-    const Node& n = g_.node(id);
-    sched_.storage[id] = n.op == Op::Input && n.dtype == DType::F32 && weight[id] ? compute_ : n.dtype;
-    if (!needed[id]) continue;
-    Step st{Step::Host, id};
-    switch (n.op) {
-      case Op::Input: st.kind = Step::Input; break;
-      case Op::Constant: st.kind = Step::Constant; break;
-      case Op::Iota: st.kind = Step::Iota; break;
-      case Op::Output:
-        if (is_plain(g_, n.inputs[0])) {
-          st.kind = Step::Alias;
-          break;
-        }
-        [[fallthrough]];
-      case Op::Cast: case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip:
-      case Op::Add: case Op::Mul: case Op::Mod: case Op::LessThan: {
-        auto prog = std::make_shared<Program>();
-        for (size_t k = 0; k < n.inputs.size(); ++k) {
-          Instr ld{Instr::Load};
-          ld.input = int(k);
-          ld.dtype = g_.node(n.inputs[k].node).dtype;
-          prog->code.push_back(ld);
-        }
-        Instr ap{Instr::Apply, n.op == Op::Output ? Op::Cast : n.op};
-        ap.a = 0;
-        if (n.inputs.size() > 1) ap.b = 1;
-        ap.dtype = n.dtype;
-        prog->code.push_back(ap);
-        st = program_step(n, prog);
-        break;
-      }
-      case Op::SumReduce: case Op::MaxReduce: {
-        // Any axis: the view is read with the reduced axis moved last.
-        int r = int(n.inputs[0].view.rank());
-        std::vector<int> perm;
-        for (int d = 0; d < r; ++d)
-          if (d != n.axis) perm.push_back(d);
-        perm.push_back(n.axis);
-        auto prog = std::make_shared<Program>();
-        Instr ld{Instr::Load};
-        ld.input = 0;
-        ld.dtype = g_.node(n.inputs[0].node).dtype;
-        prog->code.push_back(ld);
-        prog->reduce = n.op;
-        st = program_step(n, prog, perm);
-        break;
-      }
-      case Op::Gather: st = gather_step(n); break;
-      case Op::Scatter: {
-        // The source's element-wise producer, when only this Scatter reads it, as stored.
-        const Edge& src = n.inputs[2];
-        const Step* prod = at[src.node] >= 0 ? &sched_.steps[size_t(at[src.node])] : nullptr;
-        bool fuse = prod && prod->kind == Step::Kernel && prod->launch == Step::PerElement && prod->program &&
-                    prod->program->reduce == Op::Input && !prod->program->has_row_reductions() &&
-                    prod->gemv_fn.empty() && g_.node(src.node).op != Op::Output && reads[src.node] == 1 &&
-                    is_plain(g_, src);
-        st = scatter_step(n, fuse ? prod : nullptr);
-        if (fuse) {
-          st.producer = src.node;
-          absorbed_[size_t(src.node)] = 1;
-        }
-        break;
-      }
-      case Op::Custom: {
-        if (const FusedOp* f = op_as<FusedOp>(n)) {
-          st = program_step(n, std::shared_ptr<const Program>(n.kop, &f->prog));
-        } else if (op_as<MatMulOp>(n)) {
-          // A dot product per output: a two-load program ending in a sum. The product is not rounded to the
-          // output type (as the CPU MatMul kernel).
-          auto prog = std::make_shared<Program>();
-          for (int k = 0; k < 2; ++k) {
-            Instr ld{Instr::Load};
-            ld.input = k;
-            ld.dtype = g_.node(n.inputs[k].node).dtype;
-            prog->code.push_back(ld);
-          }
-          Instr mul{Instr::Apply, Op::Mul};
-          mul.a = 0;
-          mul.b = 1;
-          mul.dtype = is_float(n.dtype) ? DType::F32 : n.dtype;
-          prog->code.push_back(mul);
-          prog->reduce = Op::SumReduce;
-          st = program_step(n, prog);
-          matmul_fast_kernels(n, st);
-        } else if (const QMatMulOp* q = op_as<QMatMulOp>(n)) {
-          st = qmatmul_step(n, format_info(q->format).block_bytes);
-        } else if (const DequantOp* d = op_as<DequantOp>(n)) {
-          st = dequant_step(n, format_info(d->format).block_bytes);
-        } else if (!(host_fallback_ && op_as<HostOp>(n))) {
-          std::string why = op_as<HostOp>(n) ? ": it is a user op with only a CPU kernel (CudaCompiler(host_fallback="
-                                               "True) runs such ops on the host, copying their inputs and result)"
-                                             : "";
-          throw UnsupportedOpError("the CUDA backend has no kernel for " + op_label(n) + " (node " +
-                                   std::to_string(id) + ")" + why);
-        }
-        // (A Host step: the user op's CPU kernel runs on the host.)
-        break;
-      }
+  for (const luminal::Group& cg : core.groups) {
+    Group G(cg);
+    if (G.kind == Group::Batch) {
+      G.fn = batch_kernel(G);
+    } else {
+      G.fn = group_kernel(G.units.size(), [&](size_t u) {
+        size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
+        return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
+      }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); });
     }
-    st.node = id;
-    at[id] = long(sched_.steps.size());
-    sched_.steps.push_back(std::move(st));
+    sched_.groups.push_back(std::move(G));
   }
-  group_matvecs();
-  batch_steps();
   sched_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(sched_);
 }
@@ -1254,16 +958,7 @@ Schedule Generator::run() {
 
 const char* prelude() { return kPrelude; }
 
-std::vector<int64_t> kernel_reads(const Graph& g, const Step& st) {
-  std::vector<int64_t> r;
-  for (auto& e : g.node(st.node).inputs)
-    if (e.node != st.producer) r.push_back(e.node);
-  if (st.producer >= 0)
-    for (auto& e : g.node(st.producer).inputs) r.push_back(e.node);
-  return r;
-}
-
-Schedule generate(const Graph& g, DType compute, bool host_fallback) {
+Module generate(const Graph& g, DType compute, bool host_fallback) {
   if (!is_float(compute)) throw std::invalid_argument(std::string("CudaCompiler: dtype must be float32, float16 or bfloat16, got ") +
                                                       dtype_name(compute));
   return Generator(g, compute, host_fallback).run();

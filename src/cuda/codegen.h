@@ -12,6 +12,7 @@
 
 #include "core/graph.h"
 #include "core/kernel_ir.h"
+#include "core/schedule.h"
 
 namespace luminal {
 namespace cuda {
@@ -26,14 +27,14 @@ struct ViewSlot {
   int base = 0;
 };
 
-struct Step {
-  enum Kind { Input, Constant, Iota, Alias, Kernel, Host } kind;
-  int64_t node;
+// A step of the core schedule (core/schedule.h) with its kernels: the parameter slice it reads and the functions.
+struct Step : luminal::Step {
+  Step() = default;
+  explicit Step(const luminal::Step& s) : luminal::Step(s) {}
   std::string fn;                 // Kernel: the function's name in the module
   std::vector<ViewSlot> views;    // Kernel: what the parameter slice holds after its 4 header slots
   int nparams = 4;                // Kernel: slots in the parameter slice
   enum Launch { PerElement, PerRow, PerBlock32, Scatter } launch = PerElement;
-  std::shared_ptr<const Program> program;  // Kernel from a program: the program (for Scatter: the copy of dest)
   std::string second_fn;          // Scatter: the kernel writing the rows after the copy
   // MatMul: faster kernels the runtime picks when the evaluated views allow (see runtime.cpp): a matrix-vector
   // kernel with 16-byte loads (contiguous, aligned rows) and a shared-memory tiled matrix product (rows that share
@@ -42,32 +43,18 @@ struct Step {
   std::string block_fn;           // a reduction: the block-per-row kernel (for few, long rows)
   std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
-  int group = -1;                 // a member or epilogue of Schedule::groups[group]
-  // Scatter: the element-wise step computing its source, evaluated in its row writes (the step itself does not
-  // run; its parameter slice and inputs follow the Scatter's arguments), or -1. A layer's k rotation is written
-  // straight into the cache.
-  int64_t producer = -1;
 };
 
-// Steps run as one kernel (`fn`); the steps [first, last] are the group's, next to each other. Otherwise (when the
-// runtime finds a step taking another path) they run one by one. Two kinds:
-// - Matrix-vector products that read the same activations (`members`), when every member takes the matrix-vector
-//   path, with the elementwise steps that are the only readers of members computed as they store (`epilogues`).
-//   The kernel's arguments: parameters, error word, the activations; per member its parameter slice, output and
-//   weights; per epilogue its parameter slice, output and inputs.
-// - A batch: steps that read none of each other's results (a layer's q and k rotations, its cache writes), each an
-//   element-wise loop (a fused program, or the row writes of a Scatter updating its destination in place), one
-//   after the other in one grid-stride loop. The arguments: parameters, error word; per step its parameter slice,
-//   output and inputs.
-struct Group {
+// A group of the core schedule and the kernel running it (see luminal::Group). A MatVec group's arguments:
+// parameters, error word, the activations; per member its parameter slice, output and weights; per epilogue its
+// parameter slice, output and inputs. A batch's: parameters, error word; per step its parameter slice, output and
+// inputs.
+struct Group : luminal::Group {
+  explicit Group(const luminal::Group& g) : luminal::Group(g) {}
   std::string fn;
-  std::vector<size_t> members, epilogues;  // step indices, in the kernel's argument order
-  std::vector<size_t> units;               // per unit (a warp's row): its first member's index in `members`
-  std::vector<size_t> batch;               // a batch's steps, in the kernel's argument order
-  size_t first = 0, last = 0;
 };
 
-struct Schedule {
+struct Module {
   std::vector<Step> steps;        // producers first; Output nodes are Alias (plain) or Kernel (a copy)
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
@@ -75,17 +62,13 @@ struct Schedule {
   std::vector<Group> groups;
 };
 
-// The nodes a step's kernels read: its inputs, with a Scatter's source computed in its row writes (Step::producer)
-// replaced by that source's inputs.
-std::vector<int64_t> kernel_reads(const Graph& g, const Step& st);
-
 // The helpers every generated module starts with (loads, stores, rounding per dtype).
 const char* prelude();
 
 // `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py). An op the
 // backend has no kernel for raises UnsupportedOpError, except a user op (HostOp) with `host_fallback`: it then
 // runs its CPU kernel on the host (a Step::Host).
-Schedule generate(const Graph& g, DType compute, bool host_fallback = false);
+Module generate(const Graph& g, DType compute, bool host_fallback = false);
 
 }  // namespace cuda
 }  // namespace luminal

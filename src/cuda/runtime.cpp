@@ -340,7 +340,7 @@ int matmul_variant(const Step& st, const std::vector<ConcreteView>& cv, int64_t 
 }
 }  // namespace
 
-Runtime::Runtime(const Graph& g, Schedule s) : g_(g), s_(std::move(s)) {
+Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)) {
   const Device& dev = device();
   sms_ = dev.sms;
   set_context();

@@ -1,5 +1,5 @@
 // The CUDA runtime: device memory (a caching pool; arrays that stay on the GPU between runs), and the executor of
-// a Schedule: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
+// a Module: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
 // arena for intermediates with offsets from liveness), and a launch per kernel step.
 #pragma once
 #include <cstdint>
@@ -57,7 +57,7 @@ DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding
 
 class Runtime {
  public:
-  Runtime(const Graph& g, Schedule s);
+  Runtime(const Graph& g, Module s);
   // `inputs`: device arrays (in their storage dtype) for Input nodes, merged into the ones given before (the runtime
   // keeps them, so a caller sends only what changed). `donated`: inputs the run may overwrite: a Scatter that is
   // the only reader of a donated input writes its rows into it instead of copying it (the KV-cache update); its
@@ -66,7 +66,7 @@ class Runtime {
   std::unordered_map<int64_t, DeviceArray> run(const std::unordered_map<int64_t, DeviceArray>& inputs,
                                                const Bindings& dims, const std::vector<int64_t>& donated = {},
                                                bool wait = true);
-  const Schedule& schedule() const { return s_; }
+  const Module& schedule() const { return s_; }
   size_t last_launches() const { return launched_; }  // kernels the last run launched (or replayed)
   // Host seconds the last run spent: planning, recording the launches, replaying the graph (updates and
   // cuGraphLaunch), and waiting for the device (the error word's read); for profiles.
@@ -116,7 +116,7 @@ class Runtime {
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
 
   Graph g_;
-  Schedule s_;
+  Module s_;
   CUmodule module_ = nullptr;
   std::unordered_map<std::string, CUfunction> fns_;
   std::unordered_map<int64_t, DeviceArray> constants_;
