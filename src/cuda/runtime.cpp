@@ -10,19 +10,13 @@
 #include <mutex>
 
 #include "core/lower/ops.h"
+#include "core/plan.h"
 #include "core/reference.h"
 
 namespace luminal {
 namespace cuda {
 namespace {
 
-// Sizes rounded up to 1/8 of their power of two (at least 256 bytes): the pool's classes, and the arena's.
-size_t size_class(size_t bytes) {
-  size_t b = std::max<size_t>(bytes, 256);
-  size_t top = size_t(1) << (63 - __builtin_clzll(b));
-  size_t step = std::max<size_t>(top / 8, 256);
-  return (b + step - 1) / step * step;
-}
 
 // Freed device memory is kept by size class (sizes rounded up to 1/8 of their power of two) and reused, so runs
 // allocate nothing from the driver once warm (cuMemFree would also synchronise the device). Never destroyed: it
