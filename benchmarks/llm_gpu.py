@@ -18,7 +18,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--graphs-off] [--pdl-off] [--trace] [--profile]
+        [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile]
 """
 from __future__ import annotations
 
@@ -255,7 +255,7 @@ def run_model(key, args, bw):
     # Decode: engines alternate, --reps timed runs each; medians.
     luminal_decode(s, prompt, args.decode)  # warm-up: plans, graphs and arena sizes for the lengths timed
     dec = step = None
-    if not args.no_compile:
+    if not args.no_compile and not args.luminal_only:
         t = time.perf_counter()
         dec = StaticDecoder(hf, c, len(prompt) + args.decode + 8)
         step = torch.compile(dec, mode="reduce-overhead", fullgraph=True)
@@ -283,11 +283,11 @@ def run_model(key, args, bw):
         for p in peers[::-1] if rep % 2 else peers:
             toks[p], r = compiled_decode(dec, step, prompt, args.decode, ahead=p.endswith("(ahead)"))
             rates[p].append(r)
-        if not rates["torch eager"]:  # slow (~10 tok/s on the 8B shape): once
+        if not rates["torch eager"] and not args.luminal_only:  # slow (~10 tok/s on the 8B shape): once
             toks["torch eager"], r = torch_decode(hf, prompt, args.decode)
             rates["torch eager"].append(r)
     med = {k: statistics.median(v) for k, v in rates.items() if v}
-    l_toks, t_toks = toks["luminal"], toks["torch eager"]
+    l_toks, t_toks = toks["luminal"], toks.get("torch eager", [])
     agree = next((i for i, (a, b) in enumerate(zip(l_toks, t_toks)) if a != b), len(l_toks))
     if "torch.compile" in toks:
         ct = toks["torch.compile"]
@@ -313,7 +313,7 @@ def run_model(key, args, bw):
     host_breakdown(s, key, prompt)
     if args.trace:
         trace_decode(s, key, prompt)
-    tp = prefill_ms(torch_prefill, 3)
+    tp = float("nan") if args.luminal_only else prefill_ms(torch_prefill, 3)
     print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; luminal compile {compile_s:.1f} s"
           + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
     print(f"logits (last prompt position) vs torch bf16: relative L2 error {rel:.3e}, top-1 agreement {top1:.0%}")
@@ -326,7 +326,8 @@ def run_model(key, args, bw):
     print(f"{'':28}{'tok/s':>9}{'GB/s':>8}{'% copy bw':>11}{'x eager':>9}{'x compile':>11}")
     for k, r in med.items():
         xc = f"{r / best:11.2f}" if best else f"{'-':>11}"
-        print(f"{k:28}{r:9.1f}{wb * r / 1e9:8.0f}{100 * wb * r / bw:10.1f}%{r / med['torch eager']:9.2f}{xc}")
+        xe = f"{r / med['torch eager']:9.2f}" if "torch eager" in med else f"{'-':>9}"
+        print(f"{k:28}{r:9.1f}{wb * r / 1e9:8.0f}{100 * wb * r / bw:10.1f}%{xe}{xc}")
     print(f"{'prefill ' + str(args.prefill) + ' ms':28} luminal {lp:.1f}, torch eager {tp:.1f}: {tp / lp:.2f}x")
     if args.kernels:
         print(f"kernels per decode step: {args.kernels(s)}")
@@ -460,6 +461,8 @@ def main():
     p.add_argument("--profile", action="store_true", help="print the time per op kind of one decode step")
     p.add_argument("--reps", type=int, default=3, help="timed decode runs per engine (medians are printed)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    p.add_argument("--luminal-only", action="store_true",
+                   help="no torch peers (eager decode and prefill, compiled loop): to compare luminal builds")
     p.add_argument("--trace", action="store_true", help="trace decode steps with torch.profiler: GPU time per kernel")
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")

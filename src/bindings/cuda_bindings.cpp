@@ -67,13 +67,17 @@ void bind_cuda(py::module_& m) {
   py::class_<Module>(m, "CudaSchedule", "The kernels and steps generated for a graph (no GPU needed).")
       .def_readonly("source", &Module::source)
       .def_readonly("kernel_texts", &Module::kernels)
-      .def("storage_dtype", [](const Module& s, int64_t id) { return std::string(dtype_name(s.storage.at(id))); })
+      .def("storage_dtype", [](const Module& s, int64_t id) { return std::string(dtype_name(s.storage().at(id))); })
       .def("kernels", [](const Module& s) {
-        py::list out;
-        for (auto& st : s.steps)
-          if (st.kind == cuda::Step::Kernel) out.append(py::make_tuple(st.node, st.fn, st.second_fn));
+        py::list out;  // (node, [(variant, kernel name)], the Scatter rows' kernel or "")
+        for (size_t i = 0; i < s.steps.size(); ++i) {
+          if (s.sched.steps[i].kind != luminal::Step::Kernel) continue;
+          py::list vs;
+          for (auto& v : s.steps[i].variants) vs.append(py::make_tuple(variant_name(v.kind), v.fn));
+          out.append(py::make_tuple(s.sched.steps[i].node, vs, s.steps[i].rows_fn));
+        }
         return out;
-      })
+      }, "Each kernel step: its node, its variants in order of preference (kind, kernel), a Scatter's rows kernel.")
       .def("kernel_ops", [](const Module& s, const Graph& g) {
         // Every kernel name -> the op kind(s) of the steps that may launch it (for profiles).
         std::map<std::string, std::string> out;
@@ -81,43 +85,41 @@ void bind_cuda(py::module_& m) {
           std::string& o = out[name];
           if (o.find(what) == std::string::npos) o += (o.empty() ? "" : ",") + what;
         };
-        for (auto& st : s.steps) {
-          if (st.kind != cuda::Step::Kernel) continue;
-          const Node& n = g.node(st.node);
-          std::string op = op_label(n);
-          const std::pair<const std::string*, const char*> names[] = {{&st.fn, ""}, {&st.second_fn, "/rows"},
-              {&st.gemv_fn, "/gemv"}, {&st.gemm_fn, "/tiled"}, {&st.mma_fn, "/mma"}, {&st.block_fn, "/block"}};
-          for (auto& [name, tag] : names)
-            if (!name->empty()) add(*name, op + tag);
+        for (size_t i = 0; i < s.steps.size(); ++i) {
+          if (s.sched.steps[i].kind != luminal::Step::Kernel) continue;
+          std::string op = op_label(g.node(s.sched.steps[i].node));
+          for (auto& v : s.steps[i].variants) add(v.fn, op + "/" + variant_name(v.kind));
+          if (!s.steps[i].rows_fn.empty()) add(s.steps[i].rows_fn, op + "/rows");
         }
-        for (auto& G : s.groups) {  // e.g. "MatMul x3/group", "MatMul x2+Fused/group", "Fused+Scatter x2/batch"
-          if (G.batch.empty()) {
-            add(G.fn, "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") + "/group");
+        for (size_t k = 0; k < s.sched.groups.size(); ++k) {  // "MatMul x3/group", "Fused+Scatter x2/batch"
+          const luminal::Group& G = s.sched.groups[k];
+          if (G.kind == luminal::Group::MatVec) {
+            add(s.group_fns[k], "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") +
+                                    "/group");
             continue;
           }
           std::string what;
           for (size_t i : G.batch) {
-            const Node& n = g.node(s.steps[i].node);
-            std::string op = op_label(n);
+            std::string op = op_label(g.node(s.sched.steps[i].node));
             if (what.find(op) == std::string::npos) what += (what.empty() ? "" : "+") + op;
           }
-          add(G.fn, what + " x" + std::to_string(G.batch.size()) + "/batch");
+          add(s.group_fns[k], what + " x" + std::to_string(G.batch.size()) + "/batch");
         }
         return out;
       })
       .def("groups", [](const Module& s) {
         py::list out;  // (kernel, node ids): steps that run as one kernel
-        for (auto& G : s.groups) {
+        for (size_t k = 0; k < s.sched.groups.size(); ++k) {
           std::vector<int64_t> ids;
-          for (size_t i = G.first; i <= G.last; ++i) ids.push_back(s.steps[i].node);
-          out.append(py::make_tuple(G.fn, ids));
+          for (size_t i = s.sched.groups[k].first; i <= s.sched.groups[k].last; ++i) ids.push_back(s.sched.steps[i].node);
+          out.append(py::make_tuple(s.group_fns[k], ids));
         }
         return out;
       }, "Steps that run as one kernel: (its name, their node ids), matrix-vector groups and batches.")
       .def("host_steps", [](const Module& s) {
         std::vector<int64_t> out;
-        for (auto& st : s.steps)
-          if (st.kind == cuda::Step::Host) out.push_back(st.node);
+        for (auto& st : s.sched.steps)
+          if (st.kind == luminal::Step::Host) out.push_back(st.node);
         return out;
       });
   m.def("cuda_generate", [](const Graph& g, const std::string& dtype, bool host_fallback) {

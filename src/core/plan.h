@@ -29,6 +29,7 @@ class Plan {
   // reading outside its buffer; the plan is then invalid until an update succeeds.
   void update(const Bindings& dims);
   bool valid() const { return valid_; }
+  void invalidate() { valid_ = false; }  // the next update evaluates every step
   const Bindings& dims() const { return dims_; }
   // The steps the last update evaluated again (every step after the first update or a failed one).
   const std::vector<size_t>& stale() const { return stale_; }

@@ -272,7 +272,7 @@ class Generator {
   std::map<std::string, Loop> loops_;
   std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
 
-  DType storage(int64_t id) const { return sched_.storage[id]; }
+  DType storage(int64_t id) const { return sched_.sched.storage[size_t(id)]; }
 
   // Adds a kernel whose text uses NAME for its function name; returns the name it gets.
   std::string add_kernel(const std::string& text) {
@@ -320,11 +320,12 @@ class Generator {
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                          const BodyOf& body_of);
-  void program_step(Step& st, const Node& n);
+  void program_step(const luminal::Step& cs, Step& st, const Node& n);
   void gather_step(Step& st, const Node& n);
-  void scatter_step(Step& st, const Node& n, const Step* producer);
+  void scatter_step(Step& st, const Node& n, const luminal::Step* producer, const Step* pk);
   void qmatmul_step(Step& st, const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
+  std::string mma_kernel(const Node& n, const Step& st);
   std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
@@ -505,21 +506,23 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
   return k.str();
 }
 
-void Generator::program_step(Step& st, const Node& n) {
-  const Program* prog = st.program.get();
-  for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), st.perm));
+// An element-wise program is a loop over its elements; one ending in a reduction runs a warp per output row, or a
+// block per row for few long rows; one with row reductions always a block per row.
+void Generator::program_step(const luminal::Step& cs, Step& st, const Node& n) {
+  const Program& prog = *cs.program;
+  for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), cs.perm));
   layout(st);
-  st.launch = prog->reduce != Op::Input ? Step::PerRow : Step::PerElement;
-  if (st.launch == Step::PerElement && !prog->has_row_reductions()) {
-    Loop l;
-    l.body = element_loop(*prog, st, n);
-    l.args = input_names(int(n.inputs.size()));
-    st.fn = loop_kernel(l);
+  if (prog.has_row_reductions()) {
+    st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n))}};
+  } else if (prog.reduce != Op::Input) {
+    st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n, true))},
+                   {Variant::Warps, add_kernel(program_kernel(prog, st, n))}};
   } else {
-    st.fn = add_kernel(program_kernel(*prog, st, n));
+    Loop l;
+    l.body = element_loop(prog, st, n);
+    l.args = input_names(int(n.inputs.size()));
+    st.variants = {{Variant::Elements, loop_kernel(l)}};
   }
-  if (prog->has_row_reductions()) st.block_fn = st.fn;  // always a block per row (runtime.cpp)
-  else if (prog->reduce != Op::Input) st.block_fn = add_kernel(program_kernel(*prog, st, n, true));
 }
 
 void Generator::gather_step(Step& st, const Node& n) {
@@ -541,13 +544,12 @@ void Generator::gather_step(Step& st, const Node& n) {
     << dtype_name(n.dtype) << "(out, t, 0.0f); continue; }\n"
     << "    i64 j0 = (i64)row;\n    " << T << " v;\n"
     << load(tv, names("j", 0, Rt), "in0", ts, T, "v") << "    st_" << dtype_name(n.dtype) << "(out, t, v);\n  }\n}\n";
-  st.fn = add_kernel(k.str());
-
+  st.variants = {{Variant::Elements, add_kernel(k.str())}};
 }
 
 // `producer`: the element-wise step computing the source (read as stored, by this Scatter only): the row writes
 // evaluate its program instead of loading the source, through its own parameter slice and inputs (Q, J<k>).
-void Generator::scatter_step(Step& st, const Node& n, const Step* producer) {
+void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* producer, const Step* pk) {
   // First the destination is copied into the output (a one-load program), then the source rows are written.
   auto copy = std::make_shared<Program>();
   Instr ld{Instr::Load};
@@ -556,11 +558,10 @@ void Generator::scatter_step(Step& st, const Node& n, const Step* producer) {
   copy->code.push_back(ld);
   st.views = {slot(n, 0), slot(n, 1), slot(n, 2)};  // dest, index, src
   layout(st);
-  st.launch = Step::Scatter;
   Loop cl;
   cl.body = element_loop(*copy, st, n);
   cl.args = input_names(3);
-  st.fn = loop_kernel(cl);
+  st.variants = {{Variant::Elements, loop_kernel(cl)}};
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
   int R = dv.rank, Ri = iv.rank;
   DType ss = storage(n.inputs[2].node), is = storage(n.inputs[1].node);
@@ -581,20 +582,21 @@ void Generator::scatter_step(Step& st, const Node& n, const Step* producer) {
   if (!producer) {
     k << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v");
   } else {
-    const Step& ps = *producer;
-    const Node& pn = g_.node(ps.node);
+    const Step& ps = *pk;
+    const Node& pn = g_.node(producer->node);
     k << "    { i64 ts_ = " << ViewText{sv}.offset(names("s", 0, sv.rank)) << ";\n    const i64* p = Q;\n";
     rows.args.push_back("Q");
     for (size_t q = 0; q < pn.inputs.size(); ++q) {
       k << "    const void* in" << int(q) << " = J" << int(q) << ";\n";
       rows.args.push_back("J" + std::to_string(q));
     }
-    k << program_at(*ps.program, ps, pn, "ts_") << "    v = (" << T << ")r" << int(ps.program->code.size() - 1) << "; }\n";
+    k << program_at(*producer->program, ps, pn, "ts_") << "    v = (" << T << ")r" << int(producer->program->code.size() - 1)
+      << "; }\n";
   }
   k << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
   rows.body = k.str();
   rows.count = 2;
-  st.second_fn = loop_kernel(rows);
+  st.rows_fn = loop_kernel(rows);
 }
 
 // The MatMul's faster kernels; both use the generic kernel's parameter slice (views 0 and 1 of rank R).
@@ -603,7 +605,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
   int R = av.rank;
   DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
   if (!is_float(as) || !is_float(bs) || !is_float(n.dtype) || av.masked || bv.masked || R < 1) return;
-  std::string od = dtype_name(n.dtype);
+  std::string od = dtype_name(n.dtype), gemv;
   // Matrix-vector: a warp per output row. Memory-bound, so what counts is bytes in flight: each lane issues the
   // loads of 4 steps of 8 elements (16 bytes of a 2-byte type per operand) before the first multiply, and the
   // right operand (the weights of a Linear: read once, never again in this step) is streamed past L1
@@ -619,9 +621,16 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
       << dot_rows(as, "in0", "oa", {{bs, "in1", "ob", "acc"}}, 4)
       << "    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
-    st.gemv_fn = add_kernel(k.str());
+    gemv = add_kernel(k.str());
   }
-  if (R < 3) return;
+  // (Few long rows take the matrix-vector kernel, not the reductions' block per row.)
+  auto finish = [&](std::vector<Variant> fast) {
+    fast.push_back({Variant::MatVec, gemv});
+    fast.push_back(st.variants.back());  // the generic warp per output
+    st.variants = std::move(fast);
+  };
+  if (R < 3) return finish({});
+  if (compute_ == DType::BF16 || compute_ == DType::F16) return finish({{Variant::TensorCore, mma_kernel(n, st)}});
   // Tiled matrix product over [batch..., M, N, K] where a does not depend on n nor b on m: 64 x 64 outputs per
   // block of 256 threads, 4 x 4 each, through shared-memory tiles of 16 along k (stored k-major).
   Text k;
@@ -659,8 +668,25 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     << "  for (int i = 0; i < 4; ++i)\n    for (int j = 0; j < 4; ++j) {\n"
     << "      i64 m = m0 + ty * 4 + i, nn = n0 + tx * 4 + j;\n"
     << "      if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j]);\n    }\n}\n";
-  st.gemm_fn = add_kernel(k.str());
-  if (compute_ != DType::BF16 && compute_ != DType::F16) return;
+  finish({{Variant::Tiled, add_kernel(k.str())}});
+}
+
+// The tiled matrix product on tensor cores (same parameter slice).
+std::string Generator::mma_kernel(const Node& n, const Step& st) {
+  const ViewSlot &av = st.views[0], &bv = st.views[1];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
+  std::string od = dtype_name(n.dtype);
+  ViewText a{av}, b{bv};
+  std::vector<std::string> bidx = names("i", 0, R - 3);
+  auto off = [&](const ViewText& v, const std::string& m, const std::string& nn, const std::string& kk) {
+    std::vector<std::string> idx = bidx;
+    idx.push_back(m);
+    idx.push_back(nn);
+    idx.push_back(kk);
+    return v.offset(idx);
+  };
+  std::string M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
   // Tensor cores: mma.sync m16n8k16 (bf16 or f16 operands, float32 accumulators). 64 x 64 outputs per block of 4
   // warps (32 x 32 each), k in steps of 32 through shared memory (rows padded to 40 halves: no bank conflicts on the
   // fragment loads). Each thread stages 16 consecutive k of one row of A and of B; p[3] == 1 says those rows are
@@ -713,7 +739,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
     << "        i64 m = m0 + wm * 32 + i * 16 + g + (e >> 1) * 8, nn = n0 + wn * 32 + j * 8 + q + (e & 1);\n"
     << "        if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j][e]);\n      }\n}\n";
-  st.mma_fn = add_kernel(t.str());
+  return add_kernel(t.str());
 }
 
 // out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers; one warp per output.
@@ -726,7 +752,6 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   layout(st);
   int S = st.nparams;
   st.nparams += m + 1;
-  st.launch = Step::PerRow;
   st.block_bytes = bb;
   const ViewSlot& av = st.views[0];
   int R = av.rank;
@@ -766,7 +791,7 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
     else k << "      acc += d * (s - 8.0f * sa);\n";
   }
   k << "    }\n    acc = warp_sum(acc);\n    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, o, acc);\n  }\n}\n";
-  st.fn = add_kernel(k.str());
+  st.variants = {{Variant::Warps, add_kernel(k.str())}};
 }
 
 // One thread per block of 32 weights. p[1]: blocks, p[2]: weights per row.
@@ -799,7 +824,7 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
       << ") + m);\n    }\n";
   }
   k << "  }\n}\n";
-  st.fn = add_kernel(k.str());
+  st.variants = {{Variant::Elements, add_kernel(k.str())}};
 }
 
 // The group kernel: a warp per row of the stacked outputs; a unit (one member, or the members one epilogue reads)
@@ -809,6 +834,7 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
   const std::vector<Step>& steps = sched_.steps;
+  const std::vector<luminal::Step>& cs = sched_.sched.steps;
   Text sig, esig, k;  // the members' arguments, then the epilogues'
   sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
@@ -827,7 +853,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     int R = av.rank, c = int(ms.size()), U = std::max(1, 4 / c);
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
-    DType as = storage(g_.node(s0.node).inputs[0].node);
+    DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
     body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     body << "    i64 oa = 0";
     for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0";
@@ -840,16 +866,16 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     }
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
-      ws.push_back({storage(g_.node(steps[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
+      ws.push_back({storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
     body << "    i64 K = P" << m0 << "[2];\n" << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
-        body << "    st_" << dtype_name(g_.node(steps[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
+        body << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
              << ");\n";
     } else {
       const Step& fs = steps[size_t(f)];
-      const Node& fn = g_.node(fs.node);
+      const Node& fn = g_.node(cs[size_t(f)].node);
       std::string e = "E" + std::to_string(u);
       esig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
       body << "    { const i64* p = " << e << "; void* out = " << e << "o;\n";
@@ -858,9 +884,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
         esig << ", const void* __restrict__ " << e << "i" << int(q);
         body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
         for (int j = 0; j < c; ++j)
-          if (fn.inputs[q].node == steps[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j);
+          if (fn.inputs[q].node == cs[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j);
       }
-      const Program& prog = *fs.program;
+      const Program& prog = *cs[size_t(f)].program;
       bool dbl = double_registers(prog, fn);
       int RF = fs.views.empty() ? 0 : fs.views[0].rank;
       body << unravel(fs.views[0], 0, RF, "r")
@@ -888,7 +914,7 @@ std::string Generator::batch_kernel(const Group& G) {
   k << "  i64 total = 0";
   for (size_t j = 0; j < G.batch.size(); ++j) {
     const Step& st = steps[G.batch[j]];
-    const Loop& l = loops_.at(st.launch == Step::Scatter ? st.second_fn : st.fn);
+    const Loop& l = loops_.at(st.rows_fn.empty() ? st.fn() : st.rows_fn);
     std::string J = std::to_string(j);
     sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
     k << ", n" << J << " = P" << J << "[" << l.count << "]";
@@ -910,22 +936,23 @@ std::string Generator::batch_kernel(const Group& G) {
 
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
-  luminal::Schedule core = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
-  sched_.storage = std::move(core.storage);
+  sched_.sched = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
+  const std::vector<luminal::Step>& cs = sched_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
-  for (const luminal::Step& cs : core.steps) {
-    const Node& n = g_.node(cs.node);
-    at[cs.node] = long(sched_.steps.size());
-    sched_.steps.emplace_back(cs);
-    Step& st = sched_.steps.back();
-    if (st.kind != Step::Kernel) continue;
-    if (st.program) {
-      program_step(st, n);
-      if (op_as<MatMulOp>(n)) matmul_fast_kernels(n, st);
+  sched_.steps.resize(cs.size());
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const Node& n = g_.node(cs[i].node);
+    at[cs[i].node] = long(i);
+    Step& st = sched_.steps[i];
+    if (cs[i].kind != luminal::Step::Kernel) continue;
+    if (cs[i].program) {
+      program_step(cs[i], st, n);
+      if (cs[i].matvec) matmul_fast_kernels(n, st);
     } else if (n.op == Op::Gather) {
       gather_step(st, n);
     } else if (n.op == Op::Scatter) {
-      scatter_step(st, n, st.producer >= 0 ? &sched_.steps[size_t(at[st.producer])] : nullptr);
+      long p = cs[i].producer >= 0 ? at[cs[i].producer] : -1;
+      scatter_step(st, n, p >= 0 ? &cs[size_t(p)] : nullptr, p >= 0 ? &sched_.steps[size_t(p)] : nullptr);
     } else if (const QMatMulOp* q = op_as<QMatMulOp>(n)) {
       qmatmul_step(st, n, format_info(q->format).block_bytes);
     } else if (const DequantOp* d = op_as<DequantOp>(n)) {
@@ -935,20 +962,18 @@ Module Generator::run() {
                                            "True) runs such ops on the host, copying their inputs and result)"
                                          : "";
       throw UnsupportedOpError("the CUDA backend has no kernel for " + op_label(n) + " (node " +
-                               std::to_string(cs.node) + ")" + why);
+                               std::to_string(cs[i].node) + ")" + why);
     }
   }
-  for (const luminal::Group& cg : core.groups) {
-    Group G(cg);
+  for (const Group& G : sched_.sched.groups) {
     if (G.kind == Group::Batch) {
-      G.fn = batch_kernel(G);
-    } else {
-      G.fn = group_kernel(G.units.size(), [&](size_t u) {
-        size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
-        return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
-      }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); });
+      sched_.group_fns.push_back(batch_kernel(G));
+      continue;
     }
-    sched_.groups.push_back(std::move(G));
+    sched_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) {
+      size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
+      return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
+    }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); }));
   }
   sched_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(sched_);
@@ -957,6 +982,11 @@ Module Generator::run() {
 }  // namespace
 
 const char* prelude() { return kPrelude; }
+
+const char* variant_name(Variant::Kind k) {
+  static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma"};
+  return names[k];
+}
 
 Module generate(const Graph& g, DType compute, bool host_fallback) {
   if (!is_float(compute)) throw std::invalid_argument(std::string("CudaCompiler: dtype must be float32, float16 or bfloat16, got ") +

@@ -27,39 +27,45 @@ struct ViewSlot {
   int base = 0;
 };
 
-// A step of the core schedule (core/schedule.h) with its kernels: the parameter slice it reads and the functions.
-struct Step : luminal::Step {
-  Step() = default;
-  explicit Step(const luminal::Step& s) : luminal::Step(s) {}
-  std::string fn;                 // Kernel: the function's name in the module
-  std::vector<ViewSlot> views;    // Kernel: what the parameter slice holds after its 4 header slots
-  int nparams = 4;                // Kernel: slots in the parameter slice
-  enum Launch { PerElement, PerRow, PerBlock32, Scatter } launch = PerElement;
-  std::string second_fn;          // Scatter: the kernel writing the rows after the copy
-  // MatMul: faster kernels the runtime picks when the evaluated views allow (see runtime.cpp): a matrix-vector
-  // kernel with 16-byte loads (contiguous, aligned rows) and a shared-memory tiled matrix product (rows that share
-  // the weights, i.e. prefill).
-  std::string gemv_fn, gemm_fn;
-  std::string block_fn;           // a reduction: the block-per-row kernel (for few, long rows)
-  std::string mma_fn;             // MatMul with a 16-bit compute dtype: tensor cores (mma.sync), operands rounded to it
-  int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
-};
-
-// A group of the core schedule and the kernel running it (see luminal::Group). A MatVec group's arguments:
-// parameters, error word, the activations; per member its parameter slice, output and weights; per epilogue its
-// parameter slice, output and inputs. A batch's: parameters, error word; per step its parameter slice, output and
-// inputs.
-struct Group : luminal::Group {
-  explicit Group(const luminal::Group& g) : luminal::Group(g) {}
+// One way to run a step: a printed kernel and how it covers the step's work. A step lists its variants in order of
+// preference (per op family: a MatMul's tensor-core, tiled, matrix-vector and generic kernels; a reduction's
+// block-per-row and warp-per-row kernels); the runtime runs the first that applies to the views the bound dims
+// give (see applies() in runtime.cpp); the last always applies.
+struct Variant {
+  enum Kind : uint8_t {
+    Elements,     // a grid-stride loop over items (elements, or a Dequant's blocks)
+    Warps,        // a warp per item (an output row of a reduction or a dot product)
+    BlockPerRow,  // a block per row: a row reduction's passes, or few long rows of a plain reduction
+    MatVec,       // MatMul, a warp per output with 16-byte loads: contiguous, aligned rows
+    Tiled,        // MatMul over rows sharing the weights (prefill), 64 x 64 tiles in shared memory
+    TensorCore,   // the same with mma.sync, operands rounded to the 16-bit compute dtype
+  } kind;
   std::string fn;
 };
+const char* variant_name(Variant::Kind k);
 
+// The kernels printed for one step of the core schedule: the parameter slice they read and the variants.
+struct Step {
+  std::vector<ViewSlot> views;    // what the parameter slice holds after its 4 header slots
+  int nparams = 4;                // slots in the parameter slice
+  std::vector<Variant> variants;  // Kernel steps: at least one
+  std::string rows_fn;            // Scatter: the rows' writes, after the variant's copy of the destination (unless
+                                  // the rows go into the destination in place)
+  int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
+  const std::string& fn() const { return variants.front().fn; }
+};
+
+// The core schedule with the CUDA C that runs it: kernels per step (`steps[i]` for `sched.steps[i]`) and per group.
+// A MatVec group's kernel takes: parameters, error word, the activations; per member its parameter slice, output
+// and weights; per epilogue its parameter slice, output and inputs. A batch's: parameters, error word; per step its
+// parameter slice, output and inputs.
 struct Module {
-  std::vector<Step> steps;        // producers first; Output nodes are Alias (plain) or Kernel (a copy)
+  Schedule sched;
+  std::vector<Step> steps;
+  std::vector<std::string> group_fns;
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
-  std::vector<DType> storage;     // per node id: the dtype its buffer holds on the device
-  std::vector<Group> groups;
+  const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device
 };
 
 // The helpers every generated module starts with (loads, stores, rounding per dtype).

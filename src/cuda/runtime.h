@@ -1,6 +1,6 @@
-// The CUDA runtime: device memory (a caching pool; arrays that stay on the GPU between runs), and the executor of
-// a Module: one module of kernels loaded once, a plan per set of bound dims (shapes, the parameter block, one
-// arena for intermediates with offsets from liveness), and a launch per kernel step.
+// The CUDA runtime: device memory (a caching pool; arrays that stay on the GPU between runs), and the launcher of a
+// Module: its kernels loaded once; per set of bound dims the core plan (shapes, views, memory) and what the
+// launches derive from it (the parameter block, each step's variant and grid); a launch per kernel step.
 #pragma once
 #include <cstdint>
 #include <array>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/graph.h"
+#include "core/plan.h"
 #include "cuda/api.h"
 #include "cuda/codegen.h"
 
@@ -78,34 +79,24 @@ class Runtime {
   const std::vector<int64_t>& last_in_place_outputs() const { return in_place_outputs_; }
 
  private:
-  struct Plan;
-  // A dimension or view number: a constant, or an expression over the dims evaluated per plan. Most are constants,
-  // so a new plan (every decode step: the cache length changes) evaluates only the few that are not.
-  struct Num {
-    int64_t value = 0;
-    const Expr* expr = nullptr;
-    int64_t eval(const Bindings& b) const { return expr ? expr->eval(b) : value; }
+  // What the launches derive from the core plan, per step (updated for the steps the plan evaluated again).
+  struct Launches {
+    std::vector<int64_t> params;              // the parameter block
+    std::vector<size_t> slot;                 // per step: its first slot in the block
+    std::vector<int64_t> items, rows_items;   // per step: work items (elements, rows, blocks); a Scatter's rows
+    std::vector<size_t> variant;              // per step: the index of its variant (Step::variants) these dims allow
+    std::vector<std::array<unsigned, 3>> grid;  // per step: an explicit grid (tiled products, blocks per row)
+    std::vector<unsigned> threads;            // per step: the block-per-row kernel's block size
+    std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
+    std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
   };
-  struct SymView {
-    Num offset;
-    std::vector<Num> shape, strides, lo, hi;
-    bool masked = false;
-  };
-  static Num num(const Expr& e);
-  std::vector<std::vector<Num>> shape_nums_;            // per node
-  std::vector<char> grows_;                             // per node: its shape depends on a dim (arena size class)
-  std::vector<std::vector<SymView>> step_views_;        // per step: its kernel's views (permuted)
-  // The dims each step's numbers depend on, as bits over var_names_ (a var past the 63rd shares bit 63): a new plan
-  // finds the dims that changed once, then each step's staleness is one AND (not string lookups per step).
-  std::vector<std::string> var_names_;
-  std::vector<uint64_t> step_vars_;
-  std::vector<char> in_place_ok_;                       // per step: a Scatter that may write into its destination
-  std::vector<char> may_alias_;                         // per step: a copy that may be skipped (identity_copy)
-  std::vector<char> absorbed_;                          // per step: computed in a Scatter's row writes, not run
-  std::vector<int64_t> step_of_;                        // per node: its step, or -1
+  const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }
+  void configure(size_t i);  // step i's parameter slice, variant and launch, from the plan
+  bool applies(const Variant& v, const std::vector<ConcreteView>& cv, int64_t out_n, int64_t* p, size_t i);
+  std::vector<ConcreteView> views_;  // (configure's scratch)
   void add_producer(size_t step, std::vector<CUdeviceptr>& args) const;
   void write_into_dest(size_t step);
-  void build_plan(const Bindings& dims);  // host work only; upload_plan sends it
+  void build_plan(const Bindings& dims);  // host work only; upload_plan sends it (raises: drop_plan)
   void upload_plan();
   void plan_ahead(const Bindings& dims);
   void drop_plan();
@@ -120,7 +111,9 @@ class Runtime {
   CUmodule module_ = nullptr;
   std::unordered_map<std::string, CUfunction> fns_;
   std::unordered_map<int64_t, DeviceArray> constants_;
-  std::shared_ptr<Plan> plan_;
+  Plan plan_;   // (after g_ and s_, which it reads)
+  Launches L_;
+  bool launches_ready_ = false;  // L_ is sized for the schedule
   // CUDA graphs: a run's kernels are recorded, then replayed as one graph. The graph is rebuilt only when the
   // sequence of kernels changes; otherwise the nodes whose grid or arguments changed (new inputs, outputs, sizes)
   // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
@@ -150,7 +143,7 @@ class Runtime {
   std::vector<Chunk> chunks_;
   void replay(size_t n);  // the current chunk's n launches
   template <class OutOf, class InPlace>
-  bool launch_group(const Group& G, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done);
+  bool launch_group(size_t g, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done);
   std::unordered_map<int64_t, DeviceArray> owned_;  // this run's own allocations (outputs), and arrays updated in place
   std::vector<char> done_;                // per step this run: computed already (by its group's kernel)
   std::vector<CUdeviceptr> group_args_;
