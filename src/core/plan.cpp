@@ -29,6 +29,13 @@ Plan::Plan(const Graph& g, const Schedule& s) : g_(g), s_(s) {
   shape_nums_.resize(nn);
   grows_.assign(nn, 0);
   std::vector<int64_t> readers(nn, 0);
+  fresh_.assign(nn, 0);  // returned by a run: outputs, and what an output reads as stored
+  for (const Step& st : s_.steps) {
+    const Node& n = g_.node(st.node);
+    if (n.op != Op::Output) continue;
+    fresh_[size_t(st.node)] = 1;
+    if (st.kind == Step::Alias) fresh_[size_t(n.inputs[0].node)] = 1;
+  }
   for (const Step& st : s_.steps) {
     const Node& n = g_.node(st.node);
     for (auto& e : n.shape) shape_nums_[size_t(st.node)].push_back(num(e));
@@ -89,10 +96,10 @@ Plan::Plan(const Graph& g, const Schedule& s) : g_(g), s_(s) {
     const Edge* dest = n.op == Op::Scatter && st.kind == Step::Kernel ? &n.inputs[0] : nullptr;
     in_place_ok_.push_back(dest && g_.node(dest->node).op == Op::Input && readers[size_t(dest->node)] == 1 &&
                            is_plain(g_, *dest) && s_.storage[size_t(dest->node)] == s_.storage[size_t(st.node)]);
-    // A copy may be skipped (see identity()) when it is not an output, not an epilogue of a matrix-vector group, and
+    // A copy may be skipped (see identity()) when the run does not return it, it is not an epilogue of a matrix-vector group, and
     // reads a buffer the run computes (not an input a Scatter may update in place, nor such a Scatter's result).
     const Node* src = st.kind == Step::Kernel && n.inputs.size() == 1 ? &g_.node(n.inputs[0].node) : nullptr;
-    may_alias_.push_back(src && n.op != Op::Output && st.elementwise() &&
+    may_alias_.push_back(src && !fresh_[size_t(st.node)] && st.elementwise() &&
                          (st.group < 0 || s_.groups[size_t(st.group)].kind == Group::Batch) && src->op != Op::Input &&
                          src->op != Op::Constant && src->op != Op::Iota && src->op != Op::Scatter);
   }
@@ -206,13 +213,7 @@ void Plan::update(const Bindings& dims) {
 // on the dims), so that a buffer growing by a row per decode step (attention scores) keeps the plan for many steps.
 void Plan::plan_memory() {
   size_t ns = s_.steps.size();
-  std::vector<char> fresh(g_.size(), 0);  // returned by the run: outputs, and what an output reads as stored
-  for (const Step& st : s_.steps) {
-    const Node& n = g_.node(st.node);
-    if (n.op != Op::Output) continue;
-    fresh[size_t(st.node)] = 1;
-    if (st.kind == Step::Alias) fresh[size_t(n.inputs[0].node)] = 1;
-  }
+  const std::vector<char>& fresh = fresh_;
   std::vector<size_t> sizes;
   std::vector<size_t> arena_nodes;
   std::vector<Home> home(g_.size(), Home::None);

@@ -78,6 +78,7 @@ class Plan {
   std::vector<std::string> var_names_;
   std::vector<uint64_t> step_vars_;  // per step: the dims its numbers depend on, bits over var_names_ (63: the rest)
   std::vector<char> in_place_ok_, may_alias_;  // per step
+  std::vector<char> fresh_;                    // per node: the run returns its buffer
   std::vector<int64_t> step_of_, reads_last_;  // per node: its step; the last step whose kernels read it
 
   bool valid_ = false, memory_moved_ = false;
