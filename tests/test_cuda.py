@@ -98,6 +98,25 @@ def test_codegen_without_a_gpu_covers_every_op(rng):
     del y, z, e
 
 
+@pytest.mark.parametrize("dtype, fast", [("bfloat16", "mma"), ("float32", "tiled")])
+def test_each_step_lists_its_kernel_variants(dtype, fast):
+    """Variants are data: per op family a list in order of preference (the runtime takes the first that applies to
+    the evaluated views); the last always applies."""
+    g = lm.Graph()
+    a, b = g.tensor((2, "s", 64), name="a"), g.tensor((64, 32), name="b")
+    mm = (a @ b).output()  # a batched matrix product over weights: tensor cores / tiled, matrix-vector, generic
+    v = (g.tensor((5, 64), name="v").pad((1, 0)) @ g.tensor((65, 3), name="m")).output()  # padded
+    r = g.tensor((8, 100), name="r").softmax(-1).output()  # row reductions: a block per row
+    t = g.tensor((3, 700), name="t").sum(-1).output()  # a plain reduction: a block for few long rows, else warps
+    g.compile(lm.GenericCompiler(), c := lm.CudaCompiler(dtype, device=None))
+    kinds = {node: [k for k, _ in variants] for node, variants, _ in c.schedule.kernels()}
+    assert [fast, "gemv", "warps"] in kinds.values()
+    assert ["block", "warps"] in kinds.values()  # the padded product (no matrix-vector kernel) and the plain sum
+    assert ["block"] in kinds.values()
+    assert all(ks and ks[-1] in ("warps", "elements", "block") for ks in kinds.values())
+    del mm, v, r, t
+
+
 def test_compiler_rejects_a_non_float_compute_dtype():
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         lm.CudaCompiler("int32")

@@ -248,6 +248,24 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
   return t.str();
 }
 
+// The text of a matrix product's tiles over [batch..., M, N, K] (views 0 and 1 of a MatMul's parameter slice).
+struct Tiles {
+  ViewText a, b;
+  std::vector<std::string> batch;
+  std::string M, N, K;
+  explicit Tiles(const Step& st) : a{st.views[0]}, b{st.views[1]} {
+    int R = st.views[0].rank;
+    batch = names("i", 0, R - 3);
+    M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
+  }
+  // The offset of element (m, n, k) of the batch at i0.. through view v.
+  std::string off(const ViewText& v, const std::string& m, const std::string& n, const std::string& k) const {
+    std::vector<std::string> idx = batch;
+    idx.insert(idx.end(), {m, n, k});
+    return v.offset(idx);
+  }
+};
+
 class Generator {
  public:
   Generator(const Graph& g, DType compute, bool host_fallback)
@@ -259,7 +277,7 @@ class Generator {
   const Graph& g_;
   DType compute_;
   bool host_fallback_;
-  Module sched_;
+  Module mod_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
   // Grid-stride kernels by name: the body of their loop over t and the parameter slot counting its items (what a
@@ -272,7 +290,7 @@ class Generator {
   std::map<std::string, Loop> loops_;
   std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
 
-  DType storage(int64_t id) const { return sched_.sched.storage[size_t(id)]; }
+  DType storage(int64_t id) const { return mod_.sched.storage[size_t(id)]; }
 
   // Adds a kernel whose text uses NAME for its function name; returns the name it gets.
   std::string add_kernel(const std::string& text) {
@@ -287,7 +305,7 @@ class Generator {
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
     t.insert(body + 4, "  pdl_start();\n");  // first, in every kernel (see the prelude)
     fns_ += t + "\n";
-    sched_.kernels.emplace_back(name, t);
+    mod_.kernels.emplace_back(name, t);
     return name;
   }
 
@@ -413,7 +431,8 @@ std::string Generator::element_loop(const Program& prog, const Step& st, const N
          std::to_string(prog.code.size() - 1) + ");\n";
 }
 
-// A program ending in a reduction, or with row reductions.
+// A program ending in a reduction: a warp per output row; or a block per row (with row reductions, or for few long
+// rows).
 std::string Generator::program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row) {
   bool reduce = prog.reduce != Op::Input;
   bool dbl = double_registers(prog, n);
@@ -423,7 +442,7 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   auto body_of = [&](const std::vector<char>& need, size_t skip) {
     return program_body(prog, st, n, T, dbl, idx, need, skip);
   };
-  if (prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
+  if (block_per_row || prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
   Text body;
   body << body_of(std::vector<char>(prog.code.size(), 1), size_t(-1));
   std::string res = "r" + std::to_string(prog.code.size() - 1);
@@ -434,19 +453,6 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   bool sum = prog.reduce == Op::SumReduce;
   std::string init = sum ? "(" + T + ")0" : lit(-INFINITY, !dbl);
   std::string combine = sum ? "acc + " + res : "op_max(acc, " + res + ")", wred = sum ? "warp_sum(acc)" : "warp_max(acc)";
-  if (block_per_row) {
-    // A block of 256 per output row (few long rows, e.g. RMSNorm in decode): warps combine through shared memory.
-    k << "  __shared__ " << T << " part[8];\n  int lane = threadIdx.x & 31, w = threadIdx.x >> 5;\n"
-      << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
-    if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
-    k << "    " << T << " acc = " << init << ";\n"
-      << "    for (i64 i" << R - 1 << " = threadIdx.x; i" << R - 1 << " < p[2]; i" << R - 1 << " += blockDim.x) {\n"
-      << body.str() << "    acc = " << combine << ";\n    }\n"
-      << "    acc = " << wred << ";\n    if (lane == 0) part[w] = acc;\n    __syncthreads();\n"
-      << "    if (w == 0) {\n      acc = lane < 8 ? part[lane] : " << init << ";\n      acc = " << wred << ";\n"
-      << "      if (lane == 0) " << st_fn << "(out, row, acc);\n    }\n    __syncthreads();\n  }\n}\n";
-    return k.str();
-  }
   // One warp per output row: lanes stride over the reduced (last) axis, then combine by shuffles.
   k << "  int lane = threadIdx.x & 31;\n"
     << "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
@@ -514,9 +520,9 @@ void Generator::program_step(const luminal::Step& cs, Step& st, const Node& n) {
   layout(st);
   if (prog.has_row_reductions()) {
     st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n))}};
-  } else if (prog.reduce != Op::Input) {
-    st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n, true))},
-                   {Variant::Warps, add_kernel(program_kernel(prog, st, n))}};
+  } else if (prog.reduce != Op::Input) {  // (a matrix-vector MatMul takes its own kernels for few long rows)
+    if (!cs.matvec) st.variants.push_back({Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n, true))});
+    st.variants.push_back({Variant::Warps, add_kernel(program_kernel(prog, st, n))});
   } else {
     Loop l;
     l.body = element_loop(prog, st, n);
@@ -623,7 +629,6 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
       << "    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
     gemv = add_kernel(k.str());
   }
-  // (Few long rows take the matrix-vector kernel, not the reductions' block per row.)
   auto finish = [&](std::vector<Variant> fast) {
     fast.push_back({Variant::MatVec, gemv});
     fast.push_back(st.variants.back());  // the generic warp per output
@@ -634,16 +639,12 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
   // Tiled matrix product over [batch..., M, N, K] where a does not depend on n nor b on m: 64 x 64 outputs per
   // block of 256 threads, 4 x 4 each, through shared-memory tiles of 16 along k (stored k-major).
   Text k;
-  ViewText a{av}, b{bv};
-  std::vector<std::string> bidx = names("i", 0, R - 3);
+  Tiles T(st);
+  const ViewText &a = T.a, &b = T.b;
+  const std::string &M = T.M, &N = T.N, &K = T.K;
   auto off = [&](const ViewText& v, const std::string& m, const std::string& nn, const std::string& kk) {
-    std::vector<std::string> idx = bidx;
-    idx.push_back(m);
-    idx.push_back(nn);
-    idx.push_back(kk);
-    return v.offset(idx);
+    return T.off(v, m, nn, kk);
   };
-  std::string M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
   k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
     << "  __shared__ float As[16][68], Bs[16][68];\n"
     << "  i64 M = " << M << ", N = " << N << ", K = " << K << ";\n"
@@ -673,20 +674,16 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
 
 // The tiled matrix product on tensor cores (same parameter slice).
 std::string Generator::mma_kernel(const Node& n, const Step& st) {
-  const ViewSlot &av = st.views[0], &bv = st.views[1];
+  const ViewSlot& av = st.views[0];
   int R = av.rank;
   DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
   std::string od = dtype_name(n.dtype);
-  ViewText a{av}, b{bv};
-  std::vector<std::string> bidx = names("i", 0, R - 3);
+  Tiles T(st);
+  const ViewText &a = T.a, &b = T.b;
+  const std::string &M = T.M, &N = T.N, &K = T.K;
   auto off = [&](const ViewText& v, const std::string& m, const std::string& nn, const std::string& kk) {
-    std::vector<std::string> idx = bidx;
-    idx.push_back(m);
-    idx.push_back(nn);
-    idx.push_back(kk);
-    return v.offset(idx);
+    return T.off(v, m, nn, kk);
   };
-  std::string M = a.shape(R - 3), N = a.shape(R - 2), K = a.shape(R - 1);
   // Tensor cores: mma.sync m16n8k16 (bf16 or f16 operands, float32 accumulators). 64 x 64 outputs per block of 4
   // warps (32 x 32 each), k in steps of 32 through shared memory (rows padded to 40 halves: no bank conflicts on the
   // fragment loads). Each thread stages 16 consecutive k of one row of A and of B; p[3] == 1 says those rows are
@@ -833,8 +830,8 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
 // member's and epilogue's own parameter slice reads as in their own kernels.
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
-  const std::vector<Step>& steps = sched_.steps;
-  const std::vector<luminal::Step>& cs = sched_.sched.steps;
+  const std::vector<Step>& steps = mod_.steps;
+  const std::vector<luminal::Step>& cs = mod_.sched.steps;
   Text sig, esig, k;  // the members' arguments, then the epilogues'
   sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
@@ -908,7 +905,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
 // A batch's kernel: its steps' loops (a fused program, or a Scatter's row writes) one after the other in one
 // grid-stride loop; each part reads its own parameter slice and pointers through shadowed names.
 std::string Generator::batch_kernel(const Group& G) {
-  const std::vector<Step>& steps = sched_.steps;
+  const std::vector<Step>& steps = mod_.steps;
   Text sig, k, body;
   sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
   k << "  i64 total = 0";
@@ -936,14 +933,14 @@ std::string Generator::batch_kernel(const Group& G) {
 
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
-  sched_.sched = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
-  const std::vector<luminal::Step>& cs = sched_.sched.steps;
+  mod_.sched = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
+  const std::vector<luminal::Step>& cs = mod_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
-  sched_.steps.resize(cs.size());
+  mod_.steps.resize(cs.size());
   for (size_t i = 0; i < cs.size(); ++i) {
     const Node& n = g_.node(cs[i].node);
     at[cs[i].node] = long(i);
-    Step& st = sched_.steps[i];
+    Step& st = mod_.steps[i];
     if (cs[i].kind != luminal::Step::Kernel) continue;
     if (cs[i].program) {
       program_step(cs[i], st, n);
@@ -952,7 +949,7 @@ Module Generator::run() {
       gather_step(st, n);
     } else if (n.op == Op::Scatter) {
       long p = cs[i].producer >= 0 ? at[cs[i].producer] : -1;
-      scatter_step(st, n, p >= 0 ? &cs[size_t(p)] : nullptr, p >= 0 ? &sched_.steps[size_t(p)] : nullptr);
+      scatter_step(st, n, p >= 0 ? &cs[size_t(p)] : nullptr, p >= 0 ? &mod_.steps[size_t(p)] : nullptr);
     } else if (const QMatMulOp* q = op_as<QMatMulOp>(n)) {
       qmatmul_step(st, n, format_info(q->format).block_bytes);
     } else if (const DequantOp* d = op_as<DequantOp>(n)) {
@@ -965,18 +962,18 @@ Module Generator::run() {
                                std::to_string(cs[i].node) + ")" + why);
     }
   }
-  for (const Group& G : sched_.sched.groups) {
+  for (const Group& G : mod_.sched.groups) {
     if (G.kind == Group::Batch) {
-      sched_.group_fns.push_back(batch_kernel(G));
+      mod_.group_fns.push_back(batch_kernel(G));
       continue;
     }
-    sched_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) {
+    mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) {
       size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
       return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
     }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); }));
   }
-  sched_.source = std::string(kPrelude) + "\n" + fns_;
-  return std::move(sched_);
+  mod_.source = std::string(kPrelude) + "\n" + fns_;
+  return std::move(mod_);
 }
 
 }  // namespace
