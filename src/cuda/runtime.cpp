@@ -16,7 +16,12 @@
 namespace luminal {
 namespace cuda {
 namespace {
-
+// An Iota's `len` values under `dims`, through the reference semantics (one definition of what an Iota holds).
+Buffer iota_values(const Node& n, int64_t len, const Bindings& dims) {
+  Buffer b = Buffer::alloc(n.dtype, {len});
+  run_primop(n, {}, dims, b);
+  return b;
+}
 
 // Freed device memory is kept by size class (sizes rounded up to 1/8 of their power of two) and reused, so runs
 // allocate nothing from the driver once warm (cuMemFree would also synchronise the device). Never destroyed: it
@@ -73,7 +78,6 @@ int64_t numel_of(const std::vector<int64_t>& s) {
   return n;
 }
 
-
 // Conversion kernels between dtypes, compiled on first use.
 CUfunction convert_fn(DType from, DType to) {
   static std::mutex mu;
@@ -100,16 +104,6 @@ CUfunction convert_fn(DType from, DType to) {
 bool env_zero(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "0";
-}
-
-// An Iota's `len` values under `dims` (its expression over the element index z), in its dtype.
-std::vector<uint8_t> iota_values(const Node& n, int64_t len, Bindings dims) {
-  std::vector<uint8_t> host(size_t(len) * dtype_size(n.dtype));
-  for (int64_t z = 0; z < len; ++z) {
-    dims["z"] = z;
-    store_from_double(host.data(), z, n.dtype, double(n.expr.eval(dims)));
-  }
-  return host;
 }
 
 // Fences are reused (an event and a page-locked error word each): a decode step makes one, and creating events or
@@ -296,7 +290,8 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     for (auto& v : n.op == Op::Iota ? n.expr.vars() : std::vector<std::string>{}) dim_free = dim_free && v == "z";
     if (dim_free) {
       int64_t len = n.shape[0].as_const();
-      constants_[cs.node] = upload(iota_values(n, len, {}).data(), n.dtype, {len});
+      Buffer b = iota_values(n, len, {});
+      constants_[cs.node] = upload(b.data.get(), n.dtype, {len});
     }
     has_host_steps_ = has_host_steps_ || cs.kind == luminal::Step::Host;
   }
@@ -468,7 +463,7 @@ void Runtime::build_plan(const Bindings& dims) {
     const luminal::Step& cs = core(i);
     const Node& n = g_.node(cs.node);
     if (cs.kind == luminal::Step::Iota && !constants_.count(cs.node)) {
-      L_.iota[cs.node] = iota_values(n, plan_.shape(cs.node)[0], dims);
+      L_.iota[cs.node] = iota_values(n, plan_.shape(cs.node)[0], dims);  // (host values, uploaded with the plan)
       up_iota_ = true;
     }
     if (cs.kind != luminal::Step::Kernel) continue;
@@ -505,7 +500,8 @@ void Runtime::upload_plan() {
     for (auto& [id, host] : L_.iota) {
       if (plan_.home(id) == Plan::Home::Fresh) continue;
       L_.iota_off[id] = block.size();
-      block.insert(block.end(), host.begin(), host.end());
+      const uint8_t* h = static_cast<const uint8_t*>(host.data.get());
+      block.insert(block.end(), h, h + host.nbytes());
       block.resize((block.size() + 255) / 256 * 256);
     }
     if (!block.empty() && (!iota_ || iota_->bytes < block.size())) iota_ = device_alloc(size_class(block.size()));
@@ -846,7 +842,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         }
         ptr[id] = out_ptr();
         auto& host = L_.iota.at(id);
-        if (!host.empty()) check(driver().cuMemcpyHtoD(ptr[id], host.data(), host.size()), "cuMemcpyHtoD", "Iota");
+        if (host.nbytes()) check(driver().cuMemcpyHtoD(ptr[id], host.data.get(), host.nbytes()), "cuMemcpyHtoD", "Iota");
         break;
       }
       case luminal::Step::Alias: {

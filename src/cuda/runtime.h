@@ -87,7 +87,7 @@ class Runtime {
     std::vector<size_t> variant;              // per step: the index of its variant (Step::variants) these dims allow
     std::vector<std::array<unsigned, 3>> grid;  // per step: an explicit grid (tiled products, blocks per row)
     std::vector<unsigned> threads;            // per step: the block-per-row kernel's block size
-    std::unordered_map<int64_t, std::vector<uint8_t>> iota;  // host values of Iota nodes
+    std::unordered_map<int64_t, Buffer> iota;   // host values of Iota nodes
     std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
   };
   const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }

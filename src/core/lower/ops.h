@@ -27,26 +27,30 @@ struct QuantFormatInfo {
 const QuantFormatInfo& format_info(QuantFormat f);
 std::optional<QuantFormat> quant_format(const std::string& name);  // "Q8_0" -> Q8_0
 
+// An op over packed weights of one format: equal when the format is.
+template <class Derived>
+class QuantOp : public TypedOp<Derived> {
+ public:
+  explicit QuantOp(QuantFormat f) : format(f) {}
+  QuantFormat format;
+  bool same(const Derived& o) const { return format == o.format; }
+  size_t attr_hash() const { return size_t(format); }
+};
+
 // Float32 weights unpacked from uint8 rows of whole blocks (unpacking needs bit reinterpretation, which the primops
 // lack, so the graph reads packed weights through this op).
-class DequantOp : public TypedOp<DequantOp> {
+class DequantOp : public QuantOp<DequantOp> {
  public:
-  explicit DequantOp(QuantFormat f) : format(f) {}
-  QuantFormat format;
+  using QuantOp::QuantOp;
   std::string name() const override { return std::string("Dequant") + format_info(format).name; }
-  bool same(const DequantOp& o) const { return format == o.format; }
-  size_t attr_hash() const { return size_t(format); }
 };
 
 // MatMul over dequantised weights, unpacked on the fly: inputs are the activations, then one or more packed
 // weights whose rows are stacked (several weights reading the same activations: q/k/v, gate/up).
-class QMatMulOp : public TypedOp<QMatMulOp> {
+class QMatMulOp : public QuantOp<QMatMulOp> {
  public:
-  explicit QMatMulOp(QuantFormat f) : format(f) {}
-  QuantFormat format;
+  using QuantOp::QuantOp;
   std::string name() const override { return std::string("QMatMul") + format_info(format).name; }
-  bool same(const QMatMulOp& o) const { return format == o.format; }
-  size_t attr_hash() const { return size_t(format); }
 };
 
 // An element-wise chain (with row reductions, and a reduction at its end) as one kernel: its register program.
