@@ -31,15 +31,11 @@ class Remap:
 
 
 # ---- patterns ---------------------------------------------------------------------------------------------------
-PRIMOPS = ("Input", "Constant", "Output", "Log2", "Exp2", "Sin", "Sqrt", "Recip", "Add", "Mul", "Mod", "LessThan",
-           "SumReduce", "MaxReduce", "Iota", "Gather", "Scatter", "Cast", "Custom")
-
-
 def op(name: str, *inputs, bind: str = "", dtype=None, single_use: bool = False, commutative: bool = True,
        where=None) -> _core.Pattern:
     """A node of op `name` whose inputs match `inputs` (in either order for Add/Mul unless commutative=False). A name
     that is no primop matches a backend op by its display name ("MatMul", "Fused", a CustomOp's name)."""
-    kind = {"op": name} if name in PRIMOPS else {"custom": name}
+    kind = {"op": name} if name in _core.OPS else {"custom": name}
     return _core.Pattern(**kind, name=bind, inputs=list(inputs), dtype=None if dtype is None else dt.dtype(dtype).name,
                          single_use=single_use, commutative=commutative, where=where)
 

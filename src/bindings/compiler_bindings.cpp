@@ -12,19 +12,16 @@ namespace py = pybind11;
 
 namespace luminal {
 
-static Op op_from_name(const std::string& name) {
-  for (int i = 0; i <= int(Op::Custom); ++i)
-    if (name == op_name(Op(i))) return Op(i);
-  throw std::invalid_argument("unknown op '" + name + "'");
-}
-
 void bind_compiler(py::module_& m) {
+  py::list ops;  // the graph's op names, primops and plumbing (a pattern's `op`)
+  for (int i = 0; i <= int(Op::Custom); ++i) ops.append(op_name(Op(i)));
+  m.attr("OPS") = py::tuple(ops);
   py::class_<Pattern>(m, "Pattern", "A tree of ops with predicates; names bind matched (node, view) edges.")
       .def(py::init([](std::optional<std::string> op, const std::string& name, std::vector<Pattern> inputs,
                        std::optional<std::string> dtype, std::optional<double> value, const std::string& custom,
                        bool single_use, bool commutative, py::object where) {
              Pattern p;
-             if (op) p.op = op_from_name(*op);
+             if (op) p.op = op_named(*op);
              p.name = name;
              p.inputs = std::move(inputs);
              if (dtype) p.dtype = dtype_from_name(*dtype);

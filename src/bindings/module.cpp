@@ -198,14 +198,9 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("axis", &Node::axis)
       .def_readonly("value", &Node::value)
       .def_readonly("expr", &Node::expr)
-      .def_property_readonly("name", [](const Node& n) { return n.op == Op::Custom ? n.kop->name() : n.name; })
+      .def_property_readonly("name", [](const Node& n) { return n.kop ? n.kop->name() : n.name; })  // (a removed op: "")
       .def_readonly("alive", &Node::alive);
 
-  auto op_of = [](const std::string& name) {
-    for (int i = 0; i <= int(Op::Custom); ++i)
-      if (name == op_name(Op(i))) return Op(i);
-    throw std::invalid_argument("unknown op '" + name + "'");
-  };
 
   py::class_<Graph>(m, "Graph", "The graph of primitive ops.")
       .def(py::init<>())
@@ -214,12 +209,12 @@ PYBIND11_MODULE(_core, m) {
       })
       .def("constant", [](Graph& g, double v, const py::object& dt) { return g.constant(v, dtype_of(dt)); })
       .def("output", &Graph::output)
-      .def("unary", [op_of](Graph& g, const std::string& op, const Edge& x) { return g.unary(op_of(op), x); })
-      .def("binary", [op_of](Graph& g, const std::string& op, const Edge& a, const Edge& b) {
-        return g.binary(op_of(op), a, b);
+      .def("unary", [](Graph& g, const std::string& op, const Edge& x) { return g.unary(op_named(op), x); })
+      .def("binary", [](Graph& g, const std::string& op, const Edge& a, const Edge& b) {
+        return g.binary(op_named(op), a, b);
       })
-      .def("reduce", [op_of](Graph& g, const std::string& op, const Edge& x, int axis) {
-        return g.reduce(op_of(op), x, axis);
+      .def("reduce", [](Graph& g, const std::string& op, const Edge& x, int axis) {
+        return g.reduce(op_named(op), x, axis);
       })
       .def("iota", [](Graph& g, const py::object& e, const py::object& n) { return g.iota(to_expr(e), to_expr(n)); })
       .def("gather", &Graph::gather)

@@ -11,6 +11,12 @@ const char* op_name(Op op) {
                                 "Custom"};
   return names[int(op)];
 }
+Op op_named(const std::string& name) {
+  for (int i = 0; i <= int(Op::Custom); ++i)
+    if (name == op_name(Op(i))) return Op(i);
+  throw std::invalid_argument("unknown op '" + name + "'");
+}
+
 bool is_unary(Op op) { return op >= Op::Log2 && op <= Op::Recip; }
 bool is_binary(Op op) { return op >= Op::Add && op <= Op::LessThan; }
 

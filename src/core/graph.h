@@ -26,6 +26,7 @@ enum class Op : uint8_t {
 };
 
 const char* op_name(Op op);
+Op op_named(const std::string& name);  // the inverse of op_name; std::invalid_argument for an unknown name
 bool is_unary(Op op);
 bool is_binary(Op op);
 

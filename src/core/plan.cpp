@@ -116,10 +116,25 @@ Plan::Plan(const Graph& g, const Schedule& s) : g_(g), s_(s) {
   shapes_.assign(nn, {});
   views_.assign(ns, {});
   identity_.assign(ns, 0);
-  home_.assign(nn, Home::None);
   offset_.assign(nn, 0);
+  // Homes: fixed by the schedule, but for the copies that some dims make the identity (plan_memory).
+  home_.assign(nn, Home::None);
   same_as_.assign(nn, -1);
-  last_use_.assign(nn, -1);
+  for (const Step& st : s_.steps) {
+    size_t id = size_t(st.node);
+    switch (st.kind) {
+      case Step::Input: home_[id] = Home::Input; break;
+      case Step::Constant: home_[id] = Home::Leaf; break;
+      case Step::Iota: home_[id] = fresh_[id] ? Home::Fresh : Home::Leaf; break;
+      case Step::Alias:
+        home_[id] = Home::SameAs;
+        same_as_[id] = g_.node(st.node).inputs[0].node;
+        break;
+      case Step::Kernel: case Step::Host:
+        home_[id] = fresh_[id] ? Home::Fresh : st.absorbed ? Home::None : Home::Arena;
+        break;
+    }
+  }
 }
 
 int64_t Plan::numel(int64_t node) const {
@@ -213,45 +228,25 @@ void Plan::update(const Bindings& dims) {
 // on the dims), so that a buffer growing by a row per decode step (attention scores) keeps the plan for many steps.
 void Plan::plan_memory() {
   size_t ns = s_.steps.size();
-  const std::vector<char>& fresh = fresh_;
+  bool moved = !planned_;
   std::vector<size_t> sizes;
   std::vector<size_t> arena_nodes;
-  std::vector<Home> home(g_.size(), Home::None);
-  std::vector<int64_t> same_as(g_.size(), -1);
   for (size_t i = 0; i < ns; ++i) {
     const Step& st = s_.steps[i];
     size_t id = size_t(st.node);
-    const Node& n = g_.node(st.node);
-    switch (st.kind) {
-      case Step::Input: home[id] = Home::Input; break;
-      case Step::Constant: home[id] = Home::Leaf; break;
-      case Step::Iota: home[id] = fresh[id] ? Home::Fresh : Home::Leaf; break;
-      case Step::Alias:
-        home[id] = Home::SameAs;
-        same_as[id] = n.inputs[0].node;
-        break;
-      case Step::Kernel: case Step::Host:
-        if (fresh[id]) {
-          home[id] = Home::Fresh;
-        } else if (st.absorbed) {
-          home[id] = Home::None;
-        } else if (identity_[i]) {
-          home[id] = Home::SameAs;
-          same_as[id] = n.inputs[0].node;
-        } else {
-          home[id] = Home::Arena;
-          size_t cls = size_class(size_t(numel(st.node)) * dtype_size(s_.storage[id]));
-          if (grows_[id]) cls = size_t(1) << (64 - __builtin_clzll(std::max<size_t>(cls, 2) - 1));
-          sizes.push_back(cls);
-          arena_nodes.push_back(i);
-        }
-        break;
+    if (may_alias_[i] && !st.absorbed) {  // an identity copy under these dims takes its input's buffer
+      Home h = identity_[i] ? Home::SameAs : Home::Arena;
+      moved = moved || h != home_[id];
+      home_[id] = h;
+      same_as_[id] = identity_[i] ? g_.node(st.node).inputs[0].node : -1;
     }
+    if (home_[id] != Home::Arena) continue;
+    size_t cls = size_class(size_t(numel(st.node)) * dtype_size(s_.storage[id]));
+    if (grows_[id]) cls = size_t(1) << (64 - __builtin_clzll(std::max<size_t>(cls, 2) - 1));
+    sizes.push_back(cls);
+    arena_nodes.push_back(i);
   }
-  memory_moved_ = !planned_ || home != home_ || sizes != planned_sizes_;
-  home_ = std::move(home);
-  same_as_ = std::move(same_as);
-  if (!memory_moved_) return;
+  if (!moved && sizes == planned_sizes_) return;
   // A buffer lives until its last reader, or its aliases' (identity copies, latest first: they may chain).
   std::vector<int64_t> until = reads_last_;
   for (size_t i = ns; i-- > 0;)
@@ -268,7 +263,6 @@ void Plan::plan_memory() {
   std::vector<size_t> offsets;
   arena_bytes_ = plan_arena(sizes, made, last, offsets);
   for (size_t k = 0; k < arena_nodes.size(); ++k) offset_[size_t(s_.steps[arena_nodes[k]].node)] = offsets[k];
-  for (size_t i = 0; i < ns; ++i) last_use_[size_t(s_.steps[i].node)] = std::max(until[size_t(s_.steps[i].node)], int64_t(i));
   planned_sizes_ = std::move(sizes);
   planned_ = true;
 }

@@ -33,7 +33,8 @@ class Plan {
   const Bindings& dims() const { return dims_; }
   // The steps the last update evaluated again (every step after the first update or a failed one).
   const std::vector<size_t>& stale() const { return stale_; }
-  bool memory_moved() const { return memory_moved_; }  // the last update changed arena offsets or homes
+  // Step i's numbers depend on no dim: evaluated once (a runtime may treat its values as constants).
+  bool dim_free(size_t step) const { return step_vars_[step] == 0; }
 
   const std::vector<int64_t>& shape(int64_t node) const { return shapes_[size_t(node)]; }
   int64_t numel(int64_t node) const;
@@ -50,8 +51,6 @@ class Plan {
   size_t offset(int64_t node) const { return offset_[size_t(node)]; }
   int64_t same_as(int64_t node) const { return same_as_[size_t(node)]; }
   size_t arena_bytes() const { return arena_bytes_; }
-  // The step that last reads node's buffer (its own step when none does); -1 for nodes with no step.
-  int64_t last_use(int64_t node) const { return last_use_[size_t(node)]; }
   // The step computing a node, or -1.
   int64_t step_of(int64_t node) const { return step_of_[size_t(node)]; }
 
@@ -81,7 +80,7 @@ class Plan {
   std::vector<char> fresh_;                    // per node: the run returns its buffer
   std::vector<int64_t> step_of_, reads_last_;  // per node: its step; the last step whose kernels read it
 
-  bool valid_ = false, memory_moved_ = false;
+  bool valid_ = false;
   Bindings dims_;
   std::vector<size_t> stale_;
   std::vector<std::vector<int64_t>> shapes_;         // per node
@@ -89,7 +88,7 @@ class Plan {
   std::vector<char> identity_;                       // per step
   std::vector<Home> home_;                           // per node
   std::vector<size_t> offset_;                       // per node
-  std::vector<int64_t> same_as_, last_use_;          // per node
+  std::vector<int64_t> same_as_;                     // per node
   std::vector<size_t> planned_sizes_;                // the arena buffers' size classes the offsets were planned for
   bool planned_ = false;
   size_t arena_bytes_ = 0;

@@ -286,9 +286,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     }
     // An Iota that depends on no dim (an argmax's index row) is computed and uploaded once, like a constant (in the
     // plan's Iota block, the 128256 indices of a vocabulary were sent again with every plan).
-    bool dim_free = n.op == Op::Iota && n.shape[0].is_const();
-    for (auto& v : n.op == Op::Iota ? n.expr.vars() : std::vector<std::string>{}) dim_free = dim_free && v == "z";
-    if (dim_free) {
+    if (cs.kind == luminal::Step::Iota && plan_.dim_free(i)) {
       int64_t len = n.shape[0].as_const();
       Buffer b = iota_values(n, len, {});
       constants_[cs.node] = upload(b.data.get(), n.dtype, {len});
@@ -661,7 +659,7 @@ void Runtime::add_producer(size_t i, std::vector<CUdeviceptr>& args) const {
   for (auto& e : g_.node(pn).inputs) args.push_back(ptr_[e.node]);
 }
 
-// A group's kernel, at its first step, when every member takes the matrix-vector path (see codegen.h's Group);
+// A group's kernel, at its first step, when every member takes the matrix-vector path (see core/schedule.h's Group);
 // marks the group's steps done. Otherwise (prefill) returns false and the steps run one by one.
 template <class OutOf, class InPlace>
 bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done) {

@@ -113,7 +113,6 @@ class Runtime {
   std::unordered_map<int64_t, DeviceArray> constants_;
   Plan plan_;   // (after g_ and s_, which it reads)
   Launches L_;
-  bool launches_ready_ = false;  // L_ is sized for the schedule
   // CUDA graphs: a run's kernels are recorded, then replayed as one graph. The graph is rebuilt only when the
   // sequence of kernels changes; otherwise the nodes whose grid or arguments changed (new inputs, outputs, sizes)
   // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
