@@ -181,6 +181,10 @@ PYBIND11_MODULE(_core, m) {
         return v.pad(axis, to_expr(a), to_expr(b));
       })
       .def("flip", &View::flip)
+      .def("unfold", [](const View& v, int axis, const py::object& size, const py::object& step,
+                        const py::object& dilation) {
+        return v.unfold(axis, to_expr(size), to_expr(step), to_expr(dilation));
+      }, py::arg("axis"), py::arg("size"), py::arg("step") = 1, py::arg("dilation") = 1)
       .def("__eq__", [](const View& a, const View& b) { return a == b; })
       .def("__hash__", &View::hash)
       .def("__repr__", [](const View& v) { return "View(" + v.str() + ")"; });

@@ -202,6 +202,31 @@ View View::flip(int axis) const {
   return v;
 }
 
+View View::unfold(int axis, const Expr& size, const Expr& step, const Expr& dilation) const {
+  check_axis(*this, axis, "unfold");
+  for (const Expr* e : {&size, &step, &dilation})
+    if (e->is_const() && e->as_const() < 1)
+      throw std::invalid_argument("unfold: size, step and dilation must be positive, got size " + size.str() +
+                                  ", step " + step.str() + ", dilation " + dilation.str());
+  Expr span = dilation * (size - Expr(1)) + Expr(1);
+  if (shape[axis].is_const() && span.is_const() && span.as_const() > shape[axis].as_const())
+    throw std::invalid_argument("unfold: a window spans " + span.str() + " elements but dim " + std::to_string(axis) +
+                                " of shape " + shape_str(shape) + " has " + shape[axis].str());
+  if (has_mask() && (mask[axis].first != Expr(0) || mask[axis].second != shape[axis]))
+    throw std::invalid_argument("unfold: dim " + std::to_string(axis) + " of shape " + shape_str(shape) +
+                                " is padded; copy it first");
+  View v = *this;
+  v.shape[axis] = (shape[axis] - span) / step + Expr(1);
+  v.strides[axis] = strides[axis] * step;
+  v.shape.push_back(size);
+  v.strides.push_back(strides[axis] * dilation);
+  if (has_mask()) {
+    v.mask[axis] = {Expr(0), v.shape[axis]};
+    v.mask.push_back({Expr(0), size});
+  }
+  return v;
+}
+
 std::string View::str() const {
   std::string s = "shape=" + shape_str(shape) + " strides=" + shape_str(strides);
   if (!(offset.is_const() && offset.as_const() == 0)) s += " offset=" + offset.str();

@@ -30,6 +30,10 @@ struct View {
   View slice(int axis, const Expr& start, const Expr& stop, int64_t step = 1) const;
   View pad(int axis, const Expr& before, const Expr& after) const;
   View flip(int axis) const;
+  // Sliding windows (torch's Tensor.unfold with a dilation): dim `axis` of size n becomes the window starts,
+  // (n - dilation*(size-1) - 1) / step + 1 of them, and a new last dim of `size` reads each window. Overlapping
+  // strides, no copy: a convolution reads its input through this. The axis must not be padded.
+  View unfold(int axis, const Expr& size, const Expr& step, const Expr& dilation) const;
 
   std::string str() const;
   size_t hash() const;
