@@ -1240,6 +1240,20 @@ def test_attention_is_one_kernel(t, dtype, seed):
     np.testing.assert_allclose(got[0], ref.reshape(hk, rep * s, d).numpy(), rtol=tol, atol=tol)
 
 
+def test_mlp_stays_two_matmuls(seed):
+    """An element-wise activation between two products (an MLP) is no attention: the products stay GEMMs (fusing
+    them into the per-row Attention kernel made a BERT's MLPs many times slower)."""
+    rng = np.random.default_rng(seed)
+    x, w1, w2 = rng.standard_normal((5, 8)), rng.standard_normal((16, 8)), rng.standard_normal((8, 16))
+
+    def build(cx):
+        return (inp(cx, x).linear(inp(cx, w1)).gelu().linear(inp(cx, w2))).output()
+
+    want, got, _, g1 = run_both(build, lm.GenericCompiler(), lm.CPUCompiler())
+    assert "Attention" not in ops(g1) and ops(g1).get("MatMul") == 2, ops(g1)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+
+
 def test_kept_tensor_survives_dead_node_removal():
     cx = lm.Graph()
     x = inp(cx, A)

@@ -226,7 +226,10 @@ size_t fuse_attention(Graph& g) {
     const Edge &pe = o.inputs[0], &ve = o.inputs[1];
     const Node& p = g.node(pe.node);
     const Program* prog = program_of(p);
-    if (!prog || prog->reduce != Op::Input || !prog->float_registers || p.dtype != DType::F32 ||
+    // Only a row program that needs the whole row (softmax) is worth the fusion: an element-wise one (an MLP's
+    // activation between two products) runs faster as two GEMMs, which this kernel's per-row products are not.
+    if (!prog || prog->reduce != Op::Input || !prog->has_row_reductions() || !prog->float_registers ||
+        p.dtype != DType::F32 ||
         !only_user(g, pe.node, id) || !f32_unmasked(g, ve) || pe.view.has_mask())
       continue;
     size_t r = pe.view.rank();

