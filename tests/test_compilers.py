@@ -327,7 +327,7 @@ class Program:
             if ch.int(0, 1):
                 new = Val(t.sum(ax, keepdim=True), 0.0, a.hi * size, a.risk, a.const, "sum")
             else:
-                new = Val(t.max(ax, keepdim=True), 0.0 if size > 1 else a.lo, a.hi, a.risk, a.const, "max")
+                new = Val(t.amax(ax, keepdim=True), 0.0 if size > 1 else a.lo, a.hi, a.risk, a.const, "max")
         elif kind == "cast":
             to = ldt.dtype(ch.pick(["float32", "float16", "bfloat16", "int32"]))
             if to is ldt.int32:
@@ -653,7 +653,7 @@ def test_fold_each_primitive(dtype):
     def build(cx):
         x = lm.full((2, 3), 3, dtype=dtype, graph=cx)
         y = lm.full((2, 3), 2, dtype=dtype, graph=cx)
-        outs = [x + y, x * y, x.fmod(y), x.lt(y), x.sum(1), x.max(0), x.to("float16"), y.to("int32")]
+        outs = [x + y, x * y, x.fmod(y), x.lt(y), x.sum(1), x.amax(0), x.to("float16"), y.to("int32")]
         if ldt.dtype(dtype).is_float:
             outs += [x.sqrt(), x.sin(), x.reciprocal(), x.log2(), y.exp2()]
         return [o.output() for o in outs]
@@ -666,7 +666,7 @@ def test_fold_padded_constant_is_not_folded_wrongly():
     def build(cx):
         return [(lm.ones((2,), graph=cx).pad((1, 1)) * -1 + 1).output(),
                 (lm.full((2, 2), 3.0, graph=cx).pad((1, 0, 0, 1)).sum(1)).output(),
-                (lm.full((2,), 5.0, graph=cx).pad((1, 1)).max(0)).output(),
+                (lm.full((2,), 5.0, graph=cx).pad((1, 1)).amax(0)).output(),
                 (lm.full((3,), 2.0, graph=cx).pad((1, 0)).sqrt()).output()]
 
     g0, g1, got = check_same(build, lm.GenericCompiler())
@@ -1128,7 +1128,7 @@ FUSION_CASES = {
     "gelu*y+pad": lambda x, y: (x.gelu() * y).pad((1, 2), 0.5),
     "broadcast, transposed": lambda x, y: (x.T.exp() + y.T[:, :1]).sin(),
     "compare, where": lambda x, y: lm.where(x > y, x.sqrt(), y.abs().log()),
-    "max over rows": lambda x, y: (x * y).max(-1) + x.sum(-1),
+    "max over rows": lambda x, y: (x * y).amax(-1) + x.sum(-1),
     "int arithmetic": lambda x, y: ((x * 1000).to("int32") % 7 + 3).float() * y,
     "rms_norm": lambda x, y: x * (x.pow(2).mean(-1, keepdim=True) + 1e-5).rsqrt() * y[0],
     "softmax of masked scores": lambda x, y: (x.reshape(-1) * 0.3 + y.reshape(-1)).reshape(x.shape).softmax(-1) * y,
@@ -1197,7 +1197,7 @@ def test_row_reductions_keep_a_reduction_used_elsewhere():
     x = rng.uniform(-2.0, 2.0, (4, 300))
     def build(cx):
         t = inp(cx, x, "float32")
-        m = t.max(-1, keepdim=True)
+        m = t.amax(-1, keepdim=True)
         return [m.output(), (t - m).exp().output()]
     want, got, _, g1 = run_both(build, lm.GenericCompiler(), ElementwiseFusion(row_reductions=True))
     for w, g in zip(want, got):

@@ -85,7 +85,7 @@ def test_codegen_without_a_gpu_covers_every_op(rng):
     idx = g.tensor((3,), lm.int32, name="idx")
     w = g.tensor((5, 4), lm.bfloat16, name="w")
     y = (x.softmax(-1).sum(0) + lm.arange(0, "s", graph=g).to(lm.float32)).output()
-    z = (x.T @ w.to(lm.float32).T).max(0).output()
+    z = (x.T @ w.to(lm.float32).T).amax(0).output()
     e = w[idx].to(lm.float16).output()
     g.compile(lm.GenericCompiler(), c := lm.CudaCompiler("float16", device=None))
     sched = c.schedule

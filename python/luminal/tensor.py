@@ -5,7 +5,7 @@ A Tensor is (graph, node id, layout, dtype): `layout` is the core View through w
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -15,6 +15,20 @@ from .dtypes import DType
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
+TAN_PI_8 = 0.41421356237309503
+# atan(s) = s + s^3 * P(s^2) on |s| <= tan(pi/8): a least-squares fit of relative error (under 1e-9 there).
+ATAN_POLY = (-0.3333331638, 0.199985306, -0.1424448339, 0.1059998719, -0.0609226802)
+
+
+class MaxResult(NamedTuple):
+    """What max(dim) returns, as torch.return_types.max: the largest values and their first indices."""
+    values: "Tensor"
+    indices: "Tensor"
+
+
+class MinResult(NamedTuple):
+    values: "Tensor"
+    indices: "Tensor"
 
 
 def _is_tensor(x) -> bool:
@@ -254,7 +268,8 @@ class Tensor:
 
     def __floordiv__(self, o):
         a, b = self._operands(o, "floor_divide")
-        q = (a - a.remainder(b)).float() / b.float()
+        # (a - a mod b) / b is an integer; a * (1/b) can land just below it, so round it.
+        q = ((a - a.remainder(b)).float() / b.float()).round()
         return q.to(a.dtype)
 
     def fmod(self, o):
@@ -310,6 +325,55 @@ class Tensor:
         frac = y.ne(y.floor()).to(x.dtype)
         out = mag * (1 - 2 * neg * odd) * (1 - 2 * neg * frac).sqrt()  # sqrt(-1) is the NaN
         return out.round().to(self.dtype) if ints else out
+
+    # ---- arithmetic with torch's method names ------------------------------------------------------------------
+    def add(self, other, alpha=1):
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, alpha=1):
+        return self - (other if alpha == 1 else other * alpha)
+
+    subtract = sub
+
+    def rsub(self, other, alpha=1):
+        """other - alpha * self."""
+        return (self if alpha == 1 else self * alpha).__rsub__(other)
+
+    def mul(self, other):
+        return self * other
+
+    multiply = mul
+
+    def div(self, other, rounding_mode=None):
+        """True division, or with rounding_mode 'trunc' / 'floor' the rounded quotient in the operands' dtype."""
+        if rounding_mode is None:
+            return self / other
+        if rounding_mode == "floor":
+            return self // other
+        if rounding_mode != "trunc":
+            raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        a, b = self._operands(other, "div")
+        if a.dtype.is_float:
+            return (a / b).trunc()
+        # (a - fmod(a, b)) / b is an integer; a * (1/b) can land just below it, so round before the cast.
+        return ((a - a.fmod(b)).float() / b.float()).round().to(a.dtype)
+
+    divide = div
+
+    def true_divide(self, other):
+        return self / other
+
+    def floor_divide(self, other):
+        return self // other
+
+    def neg(self):
+        return -self
+
+    negative = neg
+
+    def clone(self):
+        """Values are immutable here, so a clone is the same value (a new Tensor reading the same node)."""
+        return Tensor(self.graph, self._id, self.layout, self.dtype)
 
     # ---- unary math ----------------------------------------------------------------------------------------------
     def log2(self):
@@ -385,6 +449,231 @@ class Tensor:
     def _float(self):
         return self if self.dtype.is_float else self.float()
 
+    def _in_f32(self, fn) -> "Tensor":
+        """fn over the values in float32, rounded to the input's float dtype once (ints give float32): for
+        compositions whose intermediate steps would lose too much in 16 bits."""
+        x = self._float()
+        return fn(x.float()).to(x.dtype)
+
+    # ---- more unary math (compositions of the primops) ------------------------------------------------------
+    def atan2(self, other):
+        """torch.atan2(self, other): the angle of the point (other, self), in (-pi, pi]."""
+        y, x = self._operands(other, "atan2")
+        dtype = y.dtype if y.dtype.is_float else dt.float32
+
+        def f(y, x):
+            ay, ax = y.abs(), x.abs()
+            hi, lo = ay.maximum(ax), ay.minimum(ax)
+            a = _atan_unit(lo / (hi + hi.eq(0).float()))  # the origin reads 0 / 1
+            a = a + ay.gt(ax).float() * (math.pi / 2 - 2 * a)  # steeper than the diagonal: from the y axis
+            a = a + x.lt(0).float() * (math.pi - 2 * a)  # left half-plane
+            return a * (1 - 2 * y.lt(0).float())
+
+        return f(y.float(), x.float()).to(dtype)
+
+    arctan2 = atan2
+
+    def atan(self):
+        return self.atan2(1.0)
+
+    def asin(self):
+        return self._in_f32(lambda x: x.atan2(((1 - x) * (1 + x)).sqrt()))  # |x| > 1: sqrt gives the NaN
+
+    def acos(self):
+        return self._in_f32(lambda x: ((1 - x) * (1 + x)).sqrt().atan2(x))
+
+    arctan, arcsin, arccos = atan, asin, acos
+
+    def tan(self):
+        return self._in_f32(lambda x: x.sin() / x.cos())
+
+    def sinh(self):
+        return self._in_f32(lambda x: (x.expm1() - (-x).expm1()) * 0.5)
+
+    def cosh(self):
+        return self._in_f32(lambda x: (x.exp() + (-x).exp()) * 0.5)
+
+    def asinh(self):
+        # sign(x) * log1p(a + a^2 / (1 + sqrt(a^2 + 1))), a = |x|: no cancellation near 0.
+        def f(x):
+            a = x.abs()
+            return x.sign() * (a + a * a / (1 + (a * a + 1).sqrt())).log1p()
+        return self._in_f32(f)
+
+    def acosh(self):
+        return self._in_f32(lambda x: (x + ((x - 1) * (x + 1)).sqrt()).log())  # x < 1: sqrt gives the NaN
+
+    def atanh(self):
+        return self._in_f32(lambda x: 0.5 * (2 * x / (1 - x)).log1p())
+
+    arcsinh, arccosh, arctanh = asinh, acosh, atanh
+
+    def log1p(self):
+        def f(x):
+            # Near 0, log(u) * x / (u - 1) with u = 1 + x cancels the rounding of u (Goldberg); elsewhere log(1 + x).
+            # The near branch reads x clamped to [-0.5, 0.5], so it stays finite wherever it is not chosen.
+            xs = x.clamp(-0.5, 0.5)
+            d = (xs + 1) - 1
+            one = d.eq(0).float()  # x below rounding: log1p(x) = x
+            near = (xs + 1).log() * (xs / (d + one)) + xs * one
+            m = x.abs().lt(0.5).float()
+            return near * m + (x + 1).log() * (1 - m)
+        return self._in_f32(f)
+
+    def expm1(self):
+        def f(x):
+            # Near 0, (u - 1) * x / log(u) with u = exp(x) cancels the rounding of u (Kahan); elsewhere exp(x) - 1.
+            xs = x.clamp(-0.5, 0.5)
+            u = xs.exp()
+            lu = u.log()
+            one = lu.eq(0).float()  # u rounded to 1: expm1(x) = x
+            near = (u - 1) * (xs / (lu + one)) + xs * one
+            m = x.abs().lt(0.5).float()
+            return near * m + (x.exp() - 1) * (1 - m)
+        return self._in_f32(f)
+
+    def log10(self):
+        return self.log2() * math.log10(2)
+
+    def _whole_part_input(self) -> "Tensor":
+        """self clamped to the range past which every value of its dtype is an integer (so +-inf subtract a
+        fraction of 0, not NaN)."""
+        big = 2048.0 if self.dtype is dt.float16 else 16777216.0
+        return self.clamp(-big, big)
+
+    def trunc(self):
+        return self - self._whole_part_input().fmod(1) if self.dtype.is_float else self
+
+    fix = trunc
+
+    def frac(self):
+        if not self.dtype.is_float:
+            raise TypeError(f"frac: needs a float tensor, got {self.dtype.name}")
+        return self - self.trunc()  # inf - inf: NaN, as torch gives
+
+    def isinf(self):
+        if not self.dtype.is_float:
+            return self._const_like(0, dt.bool_)
+        return self.eq(float("inf")) | self.eq(float("-inf"))
+
+    def isposinf(self):
+        return self.eq(float("inf")) if self.dtype.is_float else self._const_like(0, dt.bool_)
+
+    def isneginf(self):
+        return self.eq(float("-inf")) if self.dtype.is_float else self._const_like(0, dt.bool_)
+
+    def isfinite(self):
+        if not self.dtype.is_float:
+            return self._const_like(1, dt.bool_)
+        inf = float("inf")
+        return self.lt(inf) & self.gt(-inf)  # false for NaN too
+
+    def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None):
+        """NaN, +inf and -inf replaced (by default with 0 and the dtype's largest and lowest finite values)."""
+        if not self.dtype.is_float:
+            return self
+        big = _finfo_max(self.dtype)
+        posinf, neginf = big if posinf is None else posinf, -big if neginf is None else neginf
+        # The replacement for each element (finite: masks times finite values), then one selection.
+        r = self.isnan().to(self.dtype) * nan + self.isposinf().to(self.dtype) * posinf + \
+            self.isneginf().to(self.dtype) * neginf
+        from .functional import where
+
+        return where(self.isfinite(), self, r)
+
+    def lerp(self, end, weight):
+        """self + weight * (end - self)."""
+        return self + weight * (end - self)
+
+    def heaviside(self, values):
+        """0 where self < 0, 1 where self > 0, `values` where self == 0."""
+        from .functional import where
+
+        return where(self.eq(0), values, self.gt(0).to(self.dtype))
+
+    def logit(self, eps: float | None = None):
+        x = self._float()
+        if eps is not None:
+            x = x.clamp(eps, 1 - eps)
+        return (x / (1 - x)).log()
+
+    # ---- activations (torch.nn.functional's, as methods) -------------------------------------------------------
+    def relu6(self):
+        return self.clamp(0, 6)
+
+    def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0):
+        return self.clamp(min_val, max_val)
+
+    def hardsigmoid(self):
+        return (self._float() + 3).clamp(0, 6) * (1 / 6)
+
+    def hardswish(self):
+        return self * self.hardsigmoid()
+
+    def mish(self):
+        return self * self.softplus().tanh()
+
+    def elu(self, alpha: float = 1.0):
+        x = self._float()
+        return x.relu() + alpha * x.minimum(0).expm1()
+
+    def selu(self):
+        return 1.0507009873554805 * self.elu(1.6732632423543772)
+
+    def celu(self, alpha: float = 1.0):
+        x = self._float()
+        return x.relu() + alpha * (x.minimum(0) * (1 / alpha)).expm1()
+
+    def glu(self, dim: int = -1):
+        n = self.layout.shape[self._axis(dim)]
+        if not n.is_const() or int(n) % 2:
+            raise ValueError(f"glu: dim {dim} of shape {_fmt(self.shape)} must have an even size")
+        a, b = self.chunk(2, dim)
+        return a * b.sigmoid()
+
+    def softmin(self, dim: int = -1, dtype=None):
+        x = self.to(dtype) if dtype else self._float()
+        return (-x).softmax(dim)
+
+    def softsign(self):
+        x = self._float()
+        return x / (1 + x.abs())
+
+    def tanhshrink(self):
+        return self - self.tanh()
+
+    def logsigmoid(self):
+        return -((-self._float()).softplus())
+
+    def threshold(self, threshold: float, value: float):
+        """self where self > threshold, else value."""
+        from .functional import where
+
+        return where(self.gt(threshold), self, value)
+
+    def softshrink(self, lambd: float = 0.5):
+        return self - self.clamp(-lambd, lambd)
+
+    def hardshrink(self, lambd: float = 0.5):
+        return self * self.abs().gt(lambd).to(self.dtype)
+
+    def prelu(self, weight: "Tensor"):
+        """max(0, x) + weight * min(0, x), with one weight per channel (dim 1) or a single one."""
+        w = weight
+        if w.ndim != 1:
+            raise ValueError(f"prelu: weight must be 1-D, got shape {_fmt(weight.shape)}")
+        if self.ndim >= 2 and w.layout.shape[0] != 1:
+            if w.layout.shape[0] != self.layout.shape[1]:
+                raise ValueError(f"prelu: weight of shape {_fmt(weight.shape)} does not match the channels (dim 1) "
+                                 f"of input shape {_fmt(self.shape)}")
+            w = w.reshape([w.layout.shape[0]] + [1] * (self.ndim - 2))
+        return self.relu() + w * self.minimum(0)
+
+    def rrelu(self, lower: float = 1 / 8, upper: float = 1 / 3, training: bool = False):
+        if training:
+            raise NotImplementedError("rrelu: training mode draws random slopes; only inference (training=False)")
+        return self.leaky_relu((lower + upper) / 2)
+
     # ---- comparisons (results are bool) ----------------------------------------------------------------------------
     def lt(self, o):
         return self._binary("LessThan", o)
@@ -418,6 +707,8 @@ class Tensor:
     def ne(self, o):
         return ~self.eq(o)
 
+    less, less_equal, greater, greater_equal, not_equal = lt, le, gt, ge, ne
+
     def eq(self, o):
         a, b = self._operands(o, "eq")
         out, ok = ~(a.lt(b) | b.lt(a)), a._ordered(b)
@@ -434,7 +725,7 @@ class Tensor:
     __hash__ = object.__hash__
 
     def logical_not(self):
-        return self.to(dt.int32).lt(1)
+        return self.bool().to(dt.int32).lt(1)  # through bool: 0.5 and NaN are true
 
     def __invert__(self):
         if self.dtype is not dt.bool_:
@@ -447,11 +738,24 @@ class Tensor:
     def __or__(self, o):
         return self.bool()._binary("Add", o.bool() if _is_tensor(o) else bool(o))
 
+    def __xor__(self, o):
+        return self.logical_xor(o)
+
+    def logical_and(self, other):
+        return self.bool() & (other.bool() if _is_tensor(other) else bool(other))
+
+    def logical_or(self, other):
+        return self.bool() | (other.bool() if _is_tensor(other) else bool(other))
+
+    def logical_xor(self, other):
+        a, b = self.bool(), (other.bool() if _is_tensor(other) else bool(other))
+        return (a | b) & ~(a & b)
+
     def maximum(self, o):
         a, b = self._operands(o, "maximum")
         from .functional import stack
 
-        return stack([a, b]).max(0)
+        return stack([a, b]).amax(0)
 
     def minimum(self, o):
         a, b = self._operands(o, "minimum")
@@ -466,6 +770,12 @@ class Tensor:
         return x
 
     clip = clamp
+
+    def clamp_min(self, min):
+        return self.clamp(min=min)
+
+    def clamp_max(self, max):
+        return self.clamp(max=max)
 
     def where(self, condition, other):
         from .functional import where
@@ -487,16 +797,32 @@ class Tensor:
         return x._reduce("SumReduce", dim, keepdim)
 
     def max(self, dim=None, keepdim: bool = False):
-        return self._reduce("MaxReduce", dim, keepdim)
+        """torch.max: the largest element (no dim), the pair (values, indices) along an int dim, or the element-wise
+        maximum with another tensor."""
+        if _is_tensor(dim):
+            return self.maximum(dim)
+        if dim is None:
+            return self.amax(None, keepdim)
+        if not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"max: dim must be an int (use amax for several dims), got {dim!r}")
+        return MaxResult(self.amax(dim, keepdim), self.argmax(dim, keepdim))
 
     def min(self, dim=None, keepdim: bool = False):
-        return -((-self).max(dim, keepdim))
+        """torch.min: the smallest element, the pair (values, indices) along an int dim, or the element-wise
+        minimum with another tensor."""
+        if _is_tensor(dim):
+            return self.minimum(dim)
+        if dim is None:
+            return self.amin(None, keepdim)
+        if not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"min: dim must be an int (use amin for several dims), got {dim!r}")
+        return MinResult(self.amin(dim, keepdim), self.argmin(dim, keepdim))
 
     def amax(self, dim=None, keepdim=False):
-        return self.max(dim, keepdim)
+        return self._reduce("MaxReduce", dim, keepdim)
 
     def amin(self, dim=None, keepdim=False):
-        return self.min(dim, keepdim)
+        return -((-self).amax(dim, keepdim))
 
     def _count(self, dim):
         n = _core.Expr(1)
@@ -532,7 +858,9 @@ class Tensor:
         return f - tie.to(x.dtype)
 
     def floor(self):
-        return self - self.remainder(1)
+        if not self.dtype.is_float:
+            return self
+        return self - self._whole_part_input().remainder(1)
 
     def ceil(self):
         return -((-self).floor())
@@ -544,14 +872,14 @@ class Tensor:
             return flat.reshape([1] * self.ndim) if keepdim else flat
         ax = x._axis(dim)
         n = x.layout.shape[ax]
-        m = x.max(ax, keepdim=True)
+        m = x.amax(ax, keepdim=True)
         idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
         # First index of the max: maximise n - i over the positions that hit it.
         # Equal to the max; if that is NaN (torch's argmax picks a NaN as the max), the NaNs (a comparison with a
         # NaN max is false everywhere, which would make every position a hit).
         hit = (~(x.lt(m) | m.lt(x)) & ~m.isnan()) | x.isnan()
         score = hit.to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
-        out = _scalar(self.graph, n, dt.int32) - score.max(ax, keepdim)
+        out = _scalar(self.graph, n, dt.int32) - score.amax(ax, keepdim)
         return out
 
     def argmax(self, dim=None, keepdim: bool = False):
@@ -562,17 +890,17 @@ class Tensor:
 
     def softmax(self, dim: int = -1, dtype=None):
         x = self.to(dtype) if dtype else self._float()
-        e = (x - x.max(dim, keepdim=True)).exp()
+        e = (x - x.amax(dim, keepdim=True)).exp()
         return e / e.sum(dim, keepdim=True)
 
     def log_softmax(self, dim: int = -1, dtype=None):
         x = self.to(dtype) if dtype else self._float()
-        s = x - x.max(dim, keepdim=True)
+        s = x - x.amax(dim, keepdim=True)
         return s - s.exp().sum(dim, keepdim=True).log()
 
     def logsumexp(self, dim=None, keepdim: bool = False):
         x = self._float()
-        m = x.max(dim, keepdim=True)
+        m = x.amax(dim, keepdim=True)
         out = (x - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._dims(dim))
 
@@ -586,6 +914,44 @@ class Tensor:
         keep = j.unsqueeze(0).le(j.unsqueeze(1)).to(x.dtype)  # keep[i, j] = j <= i
         out = (x.unsqueeze(-2) * keep).sum(-1)
         return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    def cumprod(self, dim: int, dtype=None):
+        """Products of magnitudes as sums of logs (zeros clamp to a log no sum can climb back from), the sign from
+        the running count of negatives."""
+        x = self.to(dtype) if dtype else self
+        f = x.float()
+        mag = f.abs().log2().maximum(-1e6).cumsum(dim).exp2()
+        negs = f.lt(0).to(dt.int32).cumsum(dim)
+        out = mag * (1 - 2 * negs.remainder(2).float())
+        if x.dtype.is_float:
+            return out.to(x.dtype)
+        return out.round().to(dt.int32 if x.dtype in (dt.bool_, dt.uint8) else x.dtype)
+
+    def any(self, dim=None, keepdim: bool = False):
+        return self.bool().to(dt.int32).amax(dim, keepdim).bool()
+
+    def all(self, dim=None, keepdim: bool = False):
+        return self.bool().to(dt.int32).amin(dim, keepdim).bool()
+
+    def norm(self, p="fro", dim=None, keepdim: bool = False, dtype=None):
+        """torch.norm: the vector p-norm over `dim` (all elements by default); 'fro' is the 2-norm."""
+        x = self.to(dtype) if dtype else self._float()
+        f = x.float()  # accumulate in float32, as torch does for 16-bit inputs
+        if p == "fro" or p == 2:
+            out = (f * f).sum(dim, keepdim).sqrt()
+        elif p == 1:
+            out = f.abs().sum(dim, keepdim)
+        elif p == float("inf"):
+            out = f.abs().amax(dim, keepdim)
+        elif p == float("-inf"):
+            out = f.abs().amin(dim, keepdim)
+        elif p == 0:
+            out = f.ne(0).float().sum(dim, keepdim)
+        elif isinstance(p, (int, float)) and not isinstance(p, bool):
+            out = f.abs().pow(p).sum(dim, keepdim).pow(1 / p)
+        else:
+            raise ValueError(f"norm: p must be a number or 'fro', got {p!r}")
+        return out.to(x.dtype)
 
     # ---- movement (views) ----------------------------------------------------------------------------------------
     def reshape(self, *shape) -> "Tensor":
@@ -685,10 +1051,13 @@ class Tensor:
             v = v.flip(a)
         return self._with_view(v)
 
-    def pad(self, pad: Sequence, value: float = 0.0) -> "Tensor":
-        """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; negative pads crop."""
+    def pad(self, pad: Sequence, value: float = 0.0, mode: str = "constant") -> "Tensor":
+        """torch.nn.functional.pad: (left, right) pairs from the last dim backwards; negative pads crop. `mode`
+        'reflect', 'replicate' or 'circular' fills from the tensor's own edges (after cropping)."""
         if len(pad) % 2 or len(pad) // 2 > self.ndim:
             raise ValueError(f"pad: {len(pad)} values do not fit shape {_fmt(self.shape)}")
+        if mode != "constant":
+            return self._pad_edges(pad, mode)
         v = self.layout
         for i in range(len(pad) // 2):
             ax = self.ndim - 1 - i
@@ -704,6 +1073,43 @@ class Tensor:
             ones = self._const_like(1).pad(pad)
             out = out + (1 - ones) * value
         return out
+
+    def _pad_edges(self, pad: Sequence, mode: str) -> "Tensor":
+        if mode not in ("reflect", "replicate", "circular"):
+            raise ValueError(f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+        from .functional import cat
+
+        x = self
+        for i in range(len(pad) // 2):
+            ax = self.ndim - 1 - i
+            lo, hi = int(pad[2 * i]), int(pad[2 * i + 1])
+            # Negative pads crop first; the edges then come from what is left (as torch does).
+            x = x.narrow(ax, max(-lo, 0), x.layout.shape[ax] - max(-lo, 0) - max(-hi, 0))
+            lo, hi = max(lo, 0), max(hi, 0)
+            if not lo and not hi:
+                continue
+            n = x.layout.shape[ax]
+            if n.is_const():
+                size = int(n)
+                if mode == "reflect" and max(lo, hi) >= size:
+                    raise ValueError(f"pad: reflect padding ({lo}, {hi}) of dim {ax} must be smaller than its size "
+                                     f"{size} (input shape {_fmt(self.shape)})")
+                if mode == "circular" and max(lo, hi) > size:
+                    raise ValueError(f"pad: circular padding ({lo}, {hi}) of dim {ax} must be at most its size "
+                                     f"{size} (input shape {_fmt(self.shape)})")
+                if mode == "replicate" and size == 0:
+                    raise ValueError(f"pad: replicate padding of dim {ax} needs a non-empty dim (input shape "
+                                     f"{_fmt(self.shape)})")
+            if mode == "reflect":  # mirrored about the edge elements, which are not repeated
+                left, right = x.narrow(ax, 1, lo).flip(ax), x.narrow(ax, n - 1 - hi, hi).flip(ax)
+            elif mode == "replicate":
+                shape = list(x.layout.shape)
+                left = x.narrow(ax, 0, 1).expand_to(shape[:ax] + [_core.Expr(lo)] + shape[ax + 1:])
+                right = x.narrow(ax, n - 1, 1).expand_to(shape[:ax] + [_core.Expr(hi)] + shape[ax + 1:])
+            else:
+                left, right = x.narrow(ax, n - lo, lo), x.narrow(ax, 0, hi)
+            x = cat([p for p, k in ((left, lo), (x, 1), (right, hi)) if k], ax)
+        return x
 
     def repeat(self, *sizes) -> "Tensor":
         sizes = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple)) else list(sizes)
@@ -747,14 +1153,107 @@ class Tensor:
         size = -(-int(n) // chunks)
         return self.split(size, dim)
 
+    def narrow(self, dim: int, start, length) -> "Tensor":
+        ax = self._axis(dim)
+        n = self.layout.shape[ax]
+        start, length = _core.to_expr(start), _core.to_expr(length)
+        if start.is_const() and int(start) < 0 and n.is_const():
+            start = n + start
+        end = start + length
+        if all(e.is_const() for e in (start, length, n)) and not (0 <= int(start) <= int(end) <= int(n)):
+            raise IndexError(f"narrow: start {int(start)} and length {int(length)} do not fit dim {dim} of shape "
+                             f"{_fmt(self.shape)}")
+        return self._with_view(self.layout.slice(ax, start, end))
+
+    def unbind(self, dim: int = 0) -> tuple:
+        ax = self._axis(dim)
+        n = self.layout.shape[ax]
+        if not n.is_const():
+            raise ValueError(f"unbind: dim {dim} of shape {_fmt(self.shape)} is symbolic")
+        return tuple(self.narrow(ax, i, 1).squeeze(ax) for i in range(int(n)))
+
+    def movedim(self, source, destination) -> "Tensor":
+        src = [source] if isinstance(source, (int, np.integer)) else list(source)
+        dst = [destination] if isinstance(destination, (int, np.integer)) else list(destination)
+        if len(src) != len(dst):
+            raise ValueError(f"movedim: {len(src)} source dims but {len(dst)} destinations")
+        src, dst = [self._axis(d) for d in src], [self._axis(d) for d in dst]
+        if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+            raise ValueError(f"movedim: repeated dims in source {src} or destination {dst}")
+        order = [None] * self.ndim
+        for s_, d_ in zip(src, dst):
+            order[d_] = s_
+        rest = iter(i for i in range(self.ndim) if i not in src)  # the other dims keep their order
+        return self.permute([o if o is not None else next(rest) for o in order])
+
+    moveaxis = movedim
+
+    def swapaxes(self, axis0: int, axis1: int) -> "Tensor":
+        return self.transpose(axis0, axis1)
+
+    swapdims = swapaxes
+
+    def roll(self, shifts, dims=None) -> "Tensor":
+        if dims is None:  # roll the flattened tensor
+            return self.reshape(-1).roll(shifts, 0).reshape(self.layout.shape)
+        shifts = [shifts] if isinstance(shifts, (int, np.integer)) else list(shifts)
+        dims = [dims] if isinstance(dims, (int, np.integer)) else list(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+        from .functional import cat
+
+        x = self
+        for sh, d in zip(shifts, dims):
+            ax = self._axis(d)
+            n = x.layout.shape[ax]
+            if n.is_const():
+                if int(n) == 0 or int(sh) % int(n) == 0:
+                    continue
+                k = _core.Expr(int(sh) % int(n))
+            else:
+                k = _core.to_expr(sh) if sh >= 0 else n + sh  # trusted to be within the dim
+            x = cat([x.narrow(ax, n - k, k), x.narrow(ax, 0, n - k)], ax)
+        return x
+
+    def tile(self, *dims) -> "Tensor":
+        dims = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else list(dims)
+        return self.repeat([1] * (self.ndim - len(dims)) + dims)
+
+    def repeat_interleave(self, repeats, dim=None, output_size=None) -> "Tensor":
+        """Each element (slice along `dim`) repeated `repeats` times (an int, or one count per element)."""
+        if _is_tensor(repeats):
+            raise TypeError("repeat_interleave: repeats must be an int or a list of ints (a tensor of counts makes "
+                            "the result's shape depend on data)")
+        x, ax = (self.reshape(-1), 0) if dim is None else (self, self._axis(dim))
+        if isinstance(repeats, (list, tuple)) and len(repeats) == 1:
+            repeats = repeats[0]
+        if isinstance(repeats, (int, np.integer)):
+            if repeats < 0:
+                raise ValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}")
+            shape = list(x.layout.shape)
+            y = x.unsqueeze(ax + 1)
+            y = y.expand_to(shape[:ax + 1] + [_core.Expr(int(repeats))] + shape[ax + 1:])
+            return y.reshape(shape[:ax] + [shape[ax] * int(repeats)] + shape[ax + 1:])
+        repeats = [int(r) for r in repeats]
+        n = x.layout.shape[ax]
+        if not n.is_const() or int(n) != len(repeats) or min(repeats, default=0) < 0:
+            raise ValueError(f"repeat_interleave: {len(repeats)} non-negative counts needed for dim {ax} of shape "
+                             f"{_fmt(x.shape)}, got {repeats}")
+        # Output position z reads element sum_i [z >= end of block i]: one Iota over the block ends.
+        z, src, end = _core.Expr.var("z"), _core.Expr(0), 0
+        for r in repeats[:-1]:
+            end += r
+            src = src + 1 - (z < end)
+        idx = self.graph._wrap(self.graph._g.iota(src, sum(repeats)))
+        return x.index_select(ax, idx)
+
     def __getitem__(self, idx) -> "Tensor":
         if not isinstance(idx, tuple):
             idx = (idx,)
-        if any(_is_tensor(i) for i in idx):
-            if len(idx) == 1:
-                return self.index_select(0, idx[0]) if idx[0].ndim == 1 else \
-                    self.index_select(0, idx[0].reshape(-1)).reshape(*idx[0].shape, *self.shape[1:])
-            raise NotImplementedError("indexing with tensors is supported on the first dim only")
+        if any(_is_tensor(i) for i in idx):  # torch's advanced indexing: negative indices wrap, on any dims
+            from .indexing import advanced_index
+
+            return advanced_index(self, idx)
         n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices ({n_real}) for a tensor of shape {_fmt(self.shape)}")
@@ -886,6 +1385,63 @@ class Tensor:
     def __rmatmul__(self, other):
         return other.matmul(self)
 
+    def _need_dims(self, other, op: str, na: int, nb: int):
+        if self.ndim != na or other.ndim != nb:
+            raise ValueError(f"{op}: expected {na}-D and {nb}-D operands, got shapes {_fmt(self.shape)} and "
+                             f"{_fmt(other.shape)}")
+
+    def mm(self, mat2: "Tensor") -> "Tensor":
+        self._need_dims(mat2, "mm", 2, 2)
+        return self.matmul(mat2)
+
+    def bmm(self, mat2: "Tensor") -> "Tensor":
+        self._need_dims(mat2, "bmm", 3, 3)
+        if self.layout.shape[0] != mat2.layout.shape[0]:
+            raise ValueError(f"bmm: batch sizes differ: shapes {_fmt(self.shape)} and {_fmt(mat2.shape)}")
+        return self.matmul(mat2)
+
+    def mv(self, vec: "Tensor") -> "Tensor":
+        self._need_dims(vec, "mv", 2, 1)
+        return self.matmul(vec)
+
+    def dot(self, other: "Tensor") -> "Tensor":
+        self._need_dims(other, "dot", 1, 1)
+        return self.matmul(other)
+
+    inner_product = dot
+
+    def outer(self, vec2: "Tensor") -> "Tensor":
+        self._need_dims(vec2, "outer", 1, 1)
+        return self.unsqueeze(1) * vec2.unsqueeze(0)
+
+    ger = outer
+
+    def _plus_product(self, prod: "Tensor", beta, alpha, op: str) -> "Tensor":
+        """beta * self + alpha * prod, self broadcast to prod's shape (beta == 0 ignores self, NaNs included)."""
+        try:
+            shape = broadcast_shapes(self.layout.shape, prod.layout.shape, op)
+        except ValueError:
+            shape = None
+        if shape is None or list(shape) != list(prod.layout.shape):
+            raise ValueError(f"{op}: input of shape {_fmt(self.shape)} does not broadcast to the product's shape "
+                             f"{_fmt(prod.shape)}")
+        out = prod if alpha == 1 else prod * alpha
+        if beta == 0:
+            return out.to(dt.result_type(self.dtype, out.dtype))
+        return out + (self if beta == 1 else self * beta)
+
+    def addmm(self, mat1: "Tensor", mat2: "Tensor", *, beta=1, alpha=1) -> "Tensor":
+        return self._plus_product(mat1.mm(mat2), beta, alpha, "addmm")
+
+    def addmv(self, mat: "Tensor", vec: "Tensor", *, beta=1, alpha=1) -> "Tensor":
+        return self._plus_product(mat.mv(vec), beta, alpha, "addmv")
+
+    def baddbmm(self, batch1: "Tensor", batch2: "Tensor", *, beta=1, alpha=1) -> "Tensor":
+        return self._plus_product(batch1.bmm(batch2), beta, alpha, "baddbmm")
+
+    def addbmm(self, batch1: "Tensor", batch2: "Tensor", *, beta=1, alpha=1) -> "Tensor":
+        return self._plus_product(batch1.bmm(batch2).sum(0), beta, alpha, "addbmm")
+
     # ---- nn helpers ----------------------------------------------------------------------------------------------
     def linear(self, weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
         out = self.matmul(weight.T)
@@ -923,6 +1479,77 @@ class Tensor:
         from .functional import tril
 
         return tril(self, diagonal)
+
+    # ---- indexing, sorting, scatter (indexing.py) ------------------------------------------------------------------
+    def topk(self, *a, **k):
+        from .indexing import topk
+
+        return topk(self, *a, **k)
+
+    def sort(self, *a, **k):
+        from .indexing import sort
+
+        return sort(self, *a, **k)
+
+    def argsort(self, *a, **k):
+        from .indexing import argsort
+
+        return argsort(self, *a, **k)
+
+    def msort(self):
+        from .indexing import msort
+
+        return msort(self)
+
+    def kthvalue(self, *a, **k):
+        from .indexing import kthvalue
+
+        return kthvalue(self, *a, **k)
+
+    def median(self, *a, **k):
+        from .indexing import median
+
+        return median(self, *a, **k)
+
+    def scatter(self, *a, **k):
+        from .indexing import scatter
+
+        return scatter(self, *a, **k)
+
+    def scatter_add(self, *a, **k):
+        from .indexing import scatter_add
+
+        return scatter_add(self, *a, **k)
+
+    def scatter_reduce(self, *a, **k):
+        from .indexing import scatter_reduce
+
+        return scatter_reduce(self, *a, **k)
+
+    def index_add(self, *a, **k):
+        from .indexing import index_add
+
+        return index_add(self, *a, **k)
+
+    def index_put(self, *a, **k):
+        from .indexing import index_put
+
+        return index_put(self, *a, **k)
+
+    def index_fill(self, *a, **k):
+        from .indexing import index_fill
+
+        return index_fill(self, *a, **k)
+
+    def masked_scatter(self, *a, **k):
+        from .indexing import masked_scatter
+
+        return masked_scatter(self, *a, **k)
+
+    def take_along_dim(self, *a, **k):
+        from .indexing import take_along_dim
+
+        return take_along_dim(self, *a, **k)
 
 
 def broadcast_shapes(a, b, op: str):
@@ -973,3 +1600,19 @@ def _clamp_index(i, n, default):
             return n + v if v < 0 else j
         return _core.Expr(max(int(n) + v, 0) if v < 0 else min(v, int(n)))
     return j
+
+
+def _finfo_max(dtype: DType) -> float:
+    return {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}.get(dtype.name, 3.4028234663852886e38)
+
+
+def _atan_unit(r: Tensor) -> Tensor:
+    """atan(r) for r in [0, 1] (float32). Above tan(pi/8), atan(r) = pi/4 + atan((r - 1) / (r + 1)) brings the
+    argument into [-tan(pi/8), tan(pi/8)], where a short odd polynomial is accurate to float32."""
+    hi = r.gt(TAN_PI_8).float()
+    s = r + hi * ((r - 1) / (r + 1) - r)
+    z = s * s
+    p = ATAN_POLY[-1]
+    for c in reversed(ATAN_POLY[:-1]):
+        p = p * z + c
+    return s + s * z * p + hi * (math.pi / 4)
