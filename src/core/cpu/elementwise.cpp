@@ -65,6 +65,36 @@ void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, T* out) {
   }
 }
 
+// The float32 loops, compiled once more for AVX2 (picked at load time): + * / sqrt and < are exact in any
+// vector width, so both versions give the same bits.
+#ifdef LUMINAL_X86
+#define LUMINAL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define LUMINAL_CLONES
+#endif
+
+LUMINAL_CLONES void apply_f32(Op op, const float* x, const float* y, float* o, int64_t n) {
+  switch (op) {
+    case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
+    case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / x[i]; break;
+    case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
+    case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
+    case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? 1.0f : 0.0f; break;
+    default: std::copy(x, x + n, o); break;
+  }
+}
+
+// The sum of n floats in double, in eight interleaved sums (two vectors of four doubles).
+LUMINAL_CLONES double sum_f32(const float* x, int64_t n) {
+  double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < 8; ++k) a[k] += double(x[j + k]);
+  double acc = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+  for (; j < n; ++j) acc += double(x[j]);
+  return acc;
+}
+
 template <class T>
 void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
   switch (op) {
@@ -74,13 +104,20 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
       else for (int64_t i = 0; i < n; ++i) o[i] = T(std::exp2(double(x[i])));
       break;
     case Op::Sin: for (int64_t i = 0; i < n; ++i) o[i] = T(std::sin(double(x[i]))); break;
-    case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
-    case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / x[i]; break;
-    case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
-    case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
     case Op::Mod: for (int64_t i = 0; i < n; ++i) o[i] = std::fmod(x[i], y[i]); break;
-    case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? T(1) : T(0); break;
-    default: std::copy(x, x + n, o); break;  // Cast: the rounding does the work
+    default:
+      if constexpr (std::is_same<T, float>::value) {
+        apply_f32(op, x, y, o, n);
+        break;
+      }
+      switch (op) {
+        case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
+        case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = T(1) / x[i]; break;
+        case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
+        case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
+        case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? T(1) : T(0); break;
+        default: std::copy(x, x + n, o); break;  // Cast: the rounding does the work
+      }
   }
 }
 
@@ -91,20 +128,28 @@ inline void accumulate(Op op, double& acc, double x) {
 }
 
 // The sum or max of a register's n values, in double. Float registers (whose programs are within a few ulp of the
-// reference anyway) add in four interleaved sums, which the adder pipelines; double registers (bit-identical to
+// reference anyway) add in eight interleaved sums (sum_f32); double registers (bit-identical to
 // the reference) add in order.
 template <class T>
 double reduce_row(Op op, const T* x, int64_t n) {
+  if constexpr (std::is_same<T, float>::value)
+    if (op == Op::SumReduce) return sum_f32(x, n);
   double acc = op == Op::MaxReduce ? -std::numeric_limits<double>::infinity() : 0.0;
-  int64_t j = 0;
-  if (std::is_same<T, float>::value && op == Op::SumReduce) {
-    double a[4] = {0, 0, 0, 0};
-    for (; j + 4 <= n; j += 4)
-      for (int k = 0; k < 4; ++k) a[k] += double(x[j + k]);
-    acc = (a[0] + a[1]) + (a[2] + a[3]);
-  }
-  for (; j < n; ++j) accumulate(op, acc, double(x[j]));
+  for (int64_t j = 0; j < n; ++j) accumulate(op, acc, double(x[j]));
   return acc;
+}
+
+// Immediates never change: their registers are filled once per call, not per chunk.
+template <class T>
+void fill_immediates(const Program& prog, T* regs) {
+  for (size_t i = 0; i < prog.code.size(); ++i)
+    if (prog.code[i].kind == Instr::Imm) std::fill(regs + i * kChunk, regs + (i + 1) * kChunk, T(prog.code[i].imm));
+}
+
+// A step's result rounded to its dtype (a comparison's 0 or 1 is already a bool).
+template <class T>
+void round_step(const Instr& in, T* x, int64_t n) {
+  if (!(in.op == Op::LessThan && in.dtype == DType::Bool)) round_to_dtype(x, n, in.dtype);
 }
 
 // Runs the program over chunks of kChunk values: several whole rows, or one piece of a long row. A Reduce step needs
@@ -127,6 +172,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
     parallel_for(rows, L * int64_t(nreg), [&](int64_t r0, int64_t r1) {
       thread_local std::vector<T> regs;
       if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
+      fill_immediates(prog, regs.data());
       for (int64_t g0 = r0; g0 < r1; g0 += per) {
         int64_t m = std::min(r1 - g0, per), n = m * L;
         for (size_t i = 0; i < nreg; ++i) {
@@ -135,14 +181,14 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
           if (in.kind == Instr::Load) {
             for (int64_t r = 0; r < m; ++r) load_row(args[in.input], g0 + r, 0, L, dst + r * L);
           } else if (in.kind == Instr::Imm) {
-            std::fill(dst, dst + n, T(in.imm));
+            continue;
           } else if (in.kind == Instr::Reduce) {
             const T* x = regs.data() + in.a * kChunk;
             for (int64_t r = 0; r < m; ++r)
               std::fill(dst + r * L, dst + (r + 1) * L, T(round_to(in.dtype, reduce_row(in.op, x + r * L, L))));
           } else {
             apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
-            round_to_dtype(dst, n, in.dtype);
+            round_step(in, dst, n);
           }
         }
         const T* res = regs.data() + (nreg - 1) * kChunk;
@@ -173,6 +219,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
     thread_local std::vector<T> known;  // each Reduce step's value for the current row
     if (regs.size() < nreg * kChunk) regs.resize(nreg * kChunk);
     if (known.size() < nreg) known.resize(nreg);
+    fill_immediates(prog, regs.data());
     for (int64_t row = r0; row < r1; ++row) {
       for (size_t ph = 0; ph < targets.size(); ++ph) {
         size_t target = targets[ph];
@@ -189,7 +236,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
             if (in.kind == Instr::Load) {
               load_row(args[in.input], row, j0, j1, dst);
             } else if (in.kind == Instr::Imm) {
-              std::fill(dst, dst + n, T(in.imm));
+              continue;
             } else if (in.kind == Instr::Reduce) {
               if (i == target && !last) {  // this phase's goal: fold its operand over the row
                 const T* x = regs.data() + in.a * kChunk;
@@ -199,7 +246,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
               }
             } else {
               apply<T>(in.op, regs.data() + in.a * kChunk, in.b >= 0 ? regs.data() + in.b * kChunk : nullptr, dst, n);
-              round_to_dtype(dst, n, in.dtype);
+              round_step(in, dst, n);
             }
           }
           if (!last) continue;
