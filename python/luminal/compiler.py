@@ -180,6 +180,12 @@ class MatMulLowering(_CorePass):
     fn = staticmethod(_core.lower_matmuls)
 
 
+class ContractionLowering(_CorePass):
+    """SumReduce(last axis) of a MatMul only it reads -> one Contraction over both axes, repeatedly: a convolution's
+    sum over channels and kernel window becomes one GEMM that reads its input's window view in place (CPU only)."""
+    fn = staticmethod(_core.lower_contractions)
+
+
 class QuantizedLowering(_CorePass):
     """MatMul over Dequant(raw GGUF rows) -> a kernel that unpacks weight rows on the fly; gathers move before
     dequantisation."""
@@ -217,7 +223,7 @@ class CPUCompiler:
     def __init__(self, threads: int | None = None):
         if threads is not None:
             _core.set_num_threads(threads)
-        self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(),
+        self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(), ContractionLowering(),
                        ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
 
     def compile(self, graph, remap):

@@ -27,10 +27,19 @@ inline int64_t outer_offset(const ConcreteView& v, int64_t i, int inner) {
 }
 int num_threads();
 
-// C[m, n] = sum_k A[m, k] B[n, k] with A[m, k] at A[m * sam + k * sak], B[n, k] at B[n * sbn + k * sbk], C row-major
-// (row stride ldc); packed, cache-blocked, multithreaded. False (nothing written) where the CPU lacks the SIMD.
-bool gemm_f32(int64_t M, int64_t N, int64_t K, const float* A, int64_t sam, int64_t sak, const float* B, int64_t sbn,
-              int64_t sbk, float* C, int64_t ldc);
+// An operand of gemm_f32: element (r, k) at base[row[r] + k[k]] (offset tables: any view, rows or a reduced axis
+// made of several dims).
+struct GemmOperand {
+  const float* base;
+  const int64_t *row, *k;
+};
+// The result: element (m, n) at base[row[m] + col[n]].
+struct GemmOut {
+  float* base;
+  const int64_t *row, *col;
+};
+// C[m, n] = sum_k A[m, k] B[n, k]; packed, cache-blocked, multithreaded.
+void gemm_f32(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmOperand& B, const GemmOut& C);
 
 struct Program;
 // Evaluates a float-register program over row `row` (of length L) of its iteration space, input `given` reading

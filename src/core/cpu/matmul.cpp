@@ -1,7 +1,10 @@
 // Matmul/matvec: SumReduce over the last axis of a Mul becomes one dot product per output element, read
-// straight through the operands' (broadcast) views, vectorised for float32 and multithreaded.
+// straight through the operands' (broadcast) views, vectorised for float32 and multithreaded. Contraction: the same
+// over several trailing axes (convolutions). Large float32 products of either go to the packed GEMM (gemm.cpp).
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/cpu/cpu.h"
 #include "core/cpu/simd.h"
@@ -49,12 +52,81 @@ KernelArg pack_last_axis(const KernelArg& x, Buffer& storage) {
   return KernelArg{&storage, packed};
 }
 
+// Offsets of every index over `sizes` (row-major) with `strides`.
+std::vector<int64_t> offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> t{0};
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    std::vector<int64_t> next;
+    next.reserve(t.size() * size_t(sizes[d]));
+    for (int64_t x : t)
+      for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(x + i * strides[d]);
+    t = std::move(next);
+  }
+  return t;
+}
+
+// out = sum over the last `axes` dims of a * b through the packed GEMM, where the product is large enough
+// (min(M, N) >= min_size, M N K >= min_work). Each output dim goes to the GEMM's rows (b does not depend on it),
+// its columns (a does not) or its batch (both do); the reduced dims are its k; all through offset tables, so a
+// convolution reads its input's window view where it lies. False (nothing written) where it does not apply.
+bool gemm_contraction(const KernelArg& a, const KernelArg& b, int axes, Buffer& out, int64_t min_size,
+                      int64_t min_work) {
+  const ConcreteView &va = a.view, &vb = b.view;
+  size_t r = va.shape.size(), outer = r - size_t(axes);
+  if (r < size_t(axes) || out.dtype != DType::F32 || a.buf->dtype != DType::F32 || b.buf->dtype != DType::F32 ||
+      va.masked || vb.masked || vb.shape != va.shape || !in_bounds(a) || !in_bounds(b))
+    return false;
+  std::vector<int64_t> cstride(outer);
+  for (size_t d = outer, s = 1; d-- > 0;) {
+    cstride[d] = int64_t(s);
+    s *= size_t(va.shape[d]);
+  }
+  struct Side {
+    std::vector<int64_t> size, sa, sb, sc;
+    int64_t n = 1;
+    void add(int64_t size_, int64_t a_, int64_t b_, int64_t c_) {
+      size.push_back(size_), sa.push_back(a_), sb.push_back(b_), sc.push_back(c_);
+      n *= size_;
+    }
+  } rows, cols, batch, red;
+  bool last_is_row = false;
+  for (size_t d = 0; d < outer; ++d) {
+    int64_t n = va.shape[d], sa = va.strides[d], sb = vb.strides[d];
+    if (n == 1) continue;
+    if (sa && sb) batch.add(n, sa, sb, cstride[d]);
+    else if (!sb) rows.add(n, sa, 0, cstride[d]);
+    else cols.add(n, 0, sb, cstride[d]);
+    last_is_row = !sb && !(sa && sb);
+  }
+  for (size_t d = outer; d < r; ++d) red.add(va.shape[d], va.strides[d], vb.strides[d], 0);
+  int64_t M = rows.n, N = cols.n, K = red.n;
+  if (std::min(M, N) < min_size || M * N * K < min_work) return false;
+  // The tile's 16 columns are stored as one run: give them the output's innermost dim.
+  bool swap = last_is_row;
+  std::vector<int64_t> arow = offsets(rows.size, rows.sa), crow = offsets(rows.size, rows.sc);
+  std::vector<int64_t> brow = offsets(cols.size, cols.sb), ccol = offsets(cols.size, cols.sc);
+  std::vector<int64_t> ak = offsets(red.size, red.sa), bk = offsets(red.size, red.sb);
+  std::vector<int64_t> ba = offsets(batch.size, batch.sa), bb = offsets(batch.size, batch.sb),
+                       bc = offsets(batch.size, batch.sc);
+  const float* pa = static_cast<const float*>(a.buf->data.get()) + va.offset;
+  const float* pb = static_cast<const float*>(b.buf->data.get()) + vb.offset;
+  float* po = static_cast<float*>(out.data.get());
+  for (size_t i = 0; i < ba.size(); ++i) {
+    GemmOperand A{pa + ba[i], arow.data(), ak.data()}, B{pb + bb[i], brow.data(), bk.data()};
+    if (swap) gemm_f32(N, M, K, B, A, GemmOut{po + bc[i], ccol.data(), crow.data()});
+    else gemm_f32(M, N, K, A, B, GemmOut{po + bc[i], crow.data(), ccol.data()});
+  }
+  return true;
+}
+
 void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buffer& out) {
   DType out_dtype = node.dtype;
+  // A large product (a independent of some output dims, b of others): the packed GEMM.
+  if (gemm_contraction(in_args.at(0), in_args.at(1), 1, out, /*min_size=*/16, /*min_work=*/int64_t(1) << 18)) return;
   {
     // out[.., n] = sum_k a[.., k] * b[.., k, n] with b's rows contiguous along n and a the same for every n
-    // (attention weights @ V): accumulate scaled rows of b, with no packing of b, while b fits in L2 (a larger b
-    // is packed for the register tiles below, which read it once per four rows instead of once per row).
+    // (attention weights @ V, few rows): accumulate scaled rows of b, with no packing of b, while b fits in L2 (a
+    // larger b is packed for the register tiles below, which read it once per four rows instead of once per row).
     const KernelArg &a = in_args.at(0), &b = in_args.at(1);
     const ConcreteView &va = a.view, &vb = b.view;
     size_t r = va.shape.size();
@@ -75,25 +147,6 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
         }
       });
       return;
-    }
-  }
-  {
-    // A large true matrix product per batch (a independent of n, b of m), any strides: the packed GEMM.
-    const KernelArg &a = in_args.at(0), &b = in_args.at(1);
-    const ConcreteView &va = a.view, &vb = b.view;
-    size_t r = va.shape.size();
-    int64_t M = r >= 3 ? va.shape[r - 3] : 1, N = r >= 2 ? va.shape[r - 2] : 1, K = r ? va.shape[r - 1] : 1;
-    if (r >= 3 && out_dtype == DType::F32 && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
-        !va.masked && !vb.masked && va.strides[r - 2] == 0 && vb.strides[r - 3] == 0 && M >= 16 && N >= 16 &&
-        K >= 16 && M * N * K >= (int64_t(1) << 18) && in_bounds(a) && in_bounds(b)) {
-      const float* pa = static_cast<const float*>(a.buf->data.get());
-      const float* pb = static_cast<const float*>(b.buf->data.get());
-      float* po = static_cast<float*>(out.data.get());
-      bool done = true;
-      for (int64_t bt = 0; bt < out.numel() / (M * N) && done; ++bt)
-        done = gemm_f32(M, N, K, pa + outer_offset(va, bt * M, 2), va.strides[r - 3], va.strides[r - 1],
-                        pb + outer_offset(vb, bt * M, 2), vb.strides[r - 2], vb.strides[r - 1], po + bt * M * N, N);
-      if (done) return;
     }
   }
   // A float32 operand read with a strided reduced axis (e.g. a row-major right-hand matrix) is packed first.
@@ -194,8 +247,70 @@ void matmul_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buff
   });
 }
 
+// Contraction: a product summed over its last `axes` dims (a convolution over channels and window). The GEMM where
+// the product is large enough, else a dot product per output through offset tables; masked views and other
+// dtypes element by element in double, as the reference.
+void contraction_kernel(const std::vector<KernelArg>& in_args, const Node& node, Buffer& out) {
+  int axes = op_as<ContractionOp>(node)->axes;
+  const KernelArg &a = in_args.at(0), &b = in_args.at(1);
+  if (gemm_contraction(a, b, axes, out, 1, 4096)) return;
+  const ConcreteView &va = a.view, &vb = b.view;
+  size_t r = va.shape.size(), outer = r - size_t(axes);
+  if (r < size_t(axes) || vb.shape != va.shape) throw std::logic_error("Contraction: operand views disagree");
+  std::vector<int64_t> ksize(va.shape.begin() + outer, va.shape.end());
+  std::vector<int64_t> ak = offsets(ksize, std::vector<int64_t>(va.strides.begin() + outer, va.strides.end()));
+  std::vector<int64_t> bk = offsets(ksize, std::vector<int64_t>(vb.strides.begin() + outer, vb.strides.end()));
+  int64_t K = int64_t(ak.size()), total = out.numel();
+  bool f32 = !va.masked && !vb.masked && a.buf->dtype == DType::F32 && b.buf->dtype == DType::F32 &&
+             out.dtype == DType::F32 && in_bounds(a) && in_bounds(b);
+  if (f32) {
+    const float* pa = static_cast<const float*>(a.buf->data.get());
+    const float* pb = static_cast<const float*>(b.buf->data.get());
+    float* po = static_cast<float*>(out.data.get());
+    parallel_for(total, K, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float *x = pa + outer_offset(va, i, axes), *y = pb + outer_offset(vb, i, axes);
+        float s = 0;
+        for (int64_t k = 0; k < K; ++k) s += x[ak[k]] * y[bk[k]];
+        po[i] = s;
+      }
+    });
+    return;
+  }
+  auto at = [](const KernelArg& x, int64_t off, const std::vector<int64_t>& idx) -> double {
+    const ConcreteView& v = x.view;
+    if (v.masked)
+      for (size_t d = 0; d < idx.size(); ++d)
+        if (idx[d] < v.lo[d] || idx[d] >= v.hi[d]) return 0.0;
+    if (off < 0 || off >= x.buf->numel()) throw std::out_of_range("Contraction: a view reads outside its buffer");
+    return load_as_double(x.buf->data.get(), off, x.buf->dtype);
+  };
+  parallel_for(total, K, [&](int64_t i0, int64_t i1) {
+    std::vector<int64_t> idx(r);
+    for (int64_t i = i0; i < i1; ++i) {
+      for (size_t d = outer, rest = size_t(i); d-- > 0;) {
+        idx[d] = int64_t(rest) % va.shape[d];
+        rest /= size_t(va.shape[d]);
+      }
+      int64_t oa = outer_offset(va, i, axes), ob = outer_offset(vb, i, axes);
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        for (size_t d = r, rest = size_t(k); d-- > outer;) {
+          idx[d] = int64_t(rest) % va.shape[d];
+          rest /= size_t(va.shape[d]);
+        }
+        s += at(a, oa + ak[k], idx) * at(b, ob + bk[k], idx);
+      }
+      store_from_double(out.data.get(), i, out.dtype, s);
+    }
+  });
+}
+
 struct Registrar {
-  Registrar() { register_cpu_kernel(typeid(MatMulOp), matmul_kernel); }
+  Registrar() {
+    register_cpu_kernel(typeid(MatMulOp), matmul_kernel);
+    register_cpu_kernel(typeid(ContractionOp), contraction_kernel);
+  }
 } registrar;
 
 }  // namespace

@@ -10,6 +10,10 @@ namespace luminal {
 // SumReduce(last axis) of a Mul read as stored -> MatMul. Returns the number of rewrites.
 size_t lower_matmuls(Graph& g);
 
+// SumReduce(last axis) of a MatMul (or Contraction) only it reads -> one Contraction over both reduced axes
+// (convolutions). Run after lower_matmuls; CPU only.
+size_t lower_contractions(Graph& g);
+
 // MatMul over a Dequant(raw rows) -> QMatMul (weights unpacked on the fly), and Gather(Dequant(raw)) ->
 // Dequant(Gather(raw)). Run after lower_matmuls.
 size_t lower_quantized(Graph& g);

@@ -17,6 +17,17 @@ class MatMulOp : public TypedOp<MatMulOp> {
   size_t attr_hash() const { return 0; }
 };
 
+// A MatMul whose reduced axis is several: SumReduce over the last `axes` axes of a Mul (a convolution sums over
+// channels and kernel window, which its input's overlapping window view cannot merge into one axis). CPU only.
+class ContractionOp : public TypedOp<ContractionOp> {
+ public:
+  explicit ContractionOp(int n) : axes(n) {}
+  int axes;
+  std::string name() const override { return "Contraction"; }
+  bool same(const ContractionOp& o) const { return axes == o.axes; }
+  size_t attr_hash() const { return size_t(axes); }
+};
+
 // GGUF block-quantised weight formats: blocks of 32 weights.
 enum class QuantFormat : uint8_t { Q8_0, Q4_0, Q4_1 };
 constexpr int kQuantBlock = 32;  // weights per block
