@@ -93,7 +93,10 @@ Schedule Scheduler::run() {
     if (n.op == Op::Input) st.kind = Step::Input;
     else if (n.op == Op::Constant) st.kind = Step::Constant;
     else if (n.op == Op::Iota) st.kind = Step::Iota;
-    else if (n.op == Op::Output && is_plain(g_, n.inputs[0])) st.kind = Step::Alias;
+    // An Output reading its producer's buffer in order (as stored, or reshaped) hands that buffer out.
+    else if (n.op == Op::Output && n.inputs[0].view.is_contiguous() &&
+             numel(n.inputs[0].view.shape) == numel(g_.node(n.inputs[0].node).shape))
+      st.kind = Step::Alias;
     else if (opts_.host_fallback && op_as<HostOp>(n)) st.kind = Step::Host;
     else st.program = program_for(g_, n, st.perm);
     if (op_as<MatMulOp>(n)) {
