@@ -663,11 +663,17 @@ def llama_config(gguf) -> dict:
         vocab = count("vocab_size")
     else:
         vocab = len(md.get("tokenizer.ggml.tokens", ()))
+    n_layers = count("block_count")
+    # Mixture of experts (qwen3moe; llama for Mixtral): the experts' sizes, and which layers route (the others
+    # keep a dense MLP, e.g. Qwen3-MoE's mlp_only_layers).
+    n_experts = int(get("expert_count", 0))
+    expert_ffn = count("expert_feed_forward_length", count("feed_forward_length", 1)) if n_experts else 0
+    dense = [i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors] if n_experts else []
     return {
         "architecture": arch,
-        "n_layers": count("block_count"),
+        "n_layers": n_layers,
         "hidden": hidden,
-        "ffn": count("feed_forward_length"),
+        "ffn": count("feed_forward_length", expert_ffn or None),
         "n_heads": n_heads,
         "n_kv_heads": n_kv,
         "head_dim": head_dim,
@@ -677,6 +683,16 @@ def llama_config(gguf) -> dict:
         "vocab_size": int(vocab),
         "context_length": count("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in g.tensors,
+        # Found by the tensors present: Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm.
+        "attention_bias": "blk.0.attn_q.bias" in g.tensors,
+        "attention_out_bias": "blk.0.attn_output.bias" in g.tensors,
+        "qk_norm": "blk.0.attn_q_norm.weight" in g.tensors,
+        "expert_count": n_experts,
+        "expert_used_count": count("expert_used_count") if n_experts else 0,
+        "expert_feed_forward_length": expert_ffn,
+        # llama.cpp renormalises the top-k routing weights for both (the key is written for some archs only).
+        "expert_weights_norm": bool(md.get(f"{arch}.expert_weights_norm", True)),
+        "dense_layers": dense,
     }
 
 

@@ -74,9 +74,10 @@ def load_safetensors(path, dtype_float32: bool = True) -> dict[str, np.ndarray]:
     return out
 
 
-def load_llama(path, progress: bool = True):
+def load_llama(path, progress: bool = True, moe_form: str = "routed"):
     """(model, tokenizer or None) from a GGUF file, or a directory with config.json and *.safetensors (and
-    tokenizer.json for a tokenizer)."""
+    tokenizer.json for a tokenizer). Any model of the Llama family (see `LlamaConfig.from_hf` / `from_gguf`:
+    Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral); `moe_form` picks how routed experts run (`SparseMoE`)."""
     from .nn.llama import Llama, LlamaConfig, gguf_state_dict
 
     path = os.fspath(path)
@@ -95,7 +96,7 @@ def load_llama(path, progress: bool = True):
             files = tqdm(files, desc="loading safetensors", unit="file")
         for f in files:
             weights.update(load_safetensors(os.path.join(path, f)))
-        model = Llama(cfg).load_state_dict(weights, strict=True, source=path)
+        model = Llama(cfg, moe_form=moe_form).load_state_dict(weights, strict=True, source=path)
         tok = None
         if os.path.exists(os.path.join(path, "tokenizer.json")):
             from .tokenizer import Tokenizer
@@ -107,5 +108,7 @@ def load_llama(path, progress: bool = True):
 
     g = GGUFFile(path)
     cfg = LlamaConfig.from_gguf(g)
-    model = Llama(cfg).load_state_dict(gguf_state_dict(g, cfg, progress), strict=True, source=path)
-    return model, Tokenizer.from_gguf(g)
+    model = Llama(cfg, moe_form=moe_form).load_state_dict(gguf_state_dict(g, cfg, progress), strict=True,
+                                                          source=path)
+    # A file without a vocabulary (weights only) gives no tokenizer.
+    return model, (Tokenizer.from_gguf(g) if "tokenizer.ggml.model" in g.metadata else None)

@@ -46,11 +46,22 @@ class Session:
 
     The caches are token-major arrays (capacity, Hkv, d) donated to the graph, so each step writes its new rows in
     place; the capacity doubles (one copy) when a step would overflow it. Untouched rows of the zeroed arrays are
-    never written, so they cost address space, not memory."""
+    never written, so they cost address space, not memory.
 
-    def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int = 256):
+    `max_step_tokens`: longer inputs (prompts) run as several steps of at most this many tokens (the same graph),
+    which bounds the memory a step's intermediates take; by default the model's `step_tokens` (a bound only when
+    routed experts gather s * k experts' weights per step), 0 for no bound."""
+
+    def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int = 256,
+                 max_step_tokens: int | None = None):
         c, g = model.config, model.graph
+        if max_step_tokens is None:
+            max_step_tokens = getattr(model, "step_tokens", None)
+        elif max_step_tokens < 0:
+            raise ValueError(f"max_step_tokens must be positive (or 0 for no bound), got {max_step_tokens}")
+        max_step_tokens = max_step_tokens or None
         self.model, self.graph = model, g
+        self.last_only, self.max_step_tokens = last_only, max_step_tokens
         self.tokens = g.tensor(("s",), dt.int32, name="tokens")
         self.cache_in = [(g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"k_cache{i}"),
                           g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
@@ -114,20 +125,35 @@ class Session:
         self._resident = end
 
     def step(self, ids) -> np.ndarray:
-        """Feeds tokens after the cached ones; returns their logits."""
-        self._feed(ids)
-        return self.logits.numpy()
+        """Feeds tokens after the cached ones; returns their logits (the last token's with last_only)."""
+        pieces = self._pieces(ids)
+        out = []
+        for piece in pieces:
+            self._feed_step(piece)
+            if not self.last_only or piece is pieces[-1]:
+                out.append(self.logits.numpy() if len(pieces) == 1 else self.logits.numpy().copy())
+        return out[0] if len(out) == 1 else np.concatenate(out)
 
     def next_token(self, ids) -> int:
         """Feeds tokens after the cached ones; returns the greedy next token (the argmax of the last logits row)."""
         self._feed(ids)
         return int(self.greedy.numpy()[0])
 
+    def _pieces(self, ids) -> list:
+        """The steps `ids` is fed in: one, or pieces of at most max_step_tokens."""
+        if isinstance(ids, _core.DeviceArray):
+            return [ids]
+        ids = np.asarray(ids, np.int32).reshape(-1)
+        m = self.max_step_tokens
+        return [ids] if m is None or len(ids) <= m else [ids[i:i + m] for i in range(0, len(ids), m)]
+
     def _feed(self, ids, wait: bool = True):
         """`ids`: token ids, or a step's `greedy` result as the backend holds it (a DeviceArray stays on the GPU).
         `wait=False`: a GPU step is only queued (see Graph.execute)."""
-        if not isinstance(ids, _core.DeviceArray):
-            ids = np.asarray(ids, np.int32).reshape(-1)
+        for piece in self._pieces(ids):
+            self._feed_step(piece, wait)
+
+    def _feed_step(self, ids, wait: bool = True):
         n = ids.shape[0]
         if self.length + n > self._capacity:
             self._give_caches(max(2 * self._capacity, self.length + n))
