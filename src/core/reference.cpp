@@ -106,6 +106,22 @@ void run_primop(const Node& n, const std::vector<KernelArg>& ins, const Bindings
       Reader table = reader(0), index = reader(1);
       size_t ni = index.v.shape.size();
       int64_t rows = table.v.shape[0];
+      int64_t t_numel = 1, row_size = 1;
+      for (auto d : table.v.shape) t_numel *= d;
+      for (size_t d = 1; d < table.v.shape.size(); ++d) row_size *= table.v.shape[d];
+      if (table.dtype == n.dtype && table.v.is_plain(table.v.shape) && table.size >= t_numel) {
+        // Rows of the same dtype read as stored (embeddings, routed experts, interpolation taps): copied bytewise.
+        size_t bytes = size_t(row_size) * dtype_size(n.dtype);
+        for_each_index(index.v.shape, [&](int64_t mi, const int64_t* m) {
+          double r = index.at(m);
+          if (!(r >= 0 && r < rows))
+            throw std::out_of_range("Gather: index " + std::to_string(int64_t(r)) + " is out of range for " +
+                                    std::to_string(rows) + " rows");
+          std::memcpy(static_cast<char*>(o) + mi * bytes, static_cast<const char*>(table.base) + int64_t(r) * bytes,
+                      bytes);
+        });
+        break;
+      }
       std::vector<int64_t> t_idx(table.v.shape.size());
       for_each_index(out.shape, [&](int64_t i, const int64_t* idx) {
         double r = index.at(idx);
