@@ -96,7 +96,7 @@ def resnet_torch(batch, device):
     import torch
     from transformers import ResNetConfig, ResNetForImageClassification
 
-    model = _peer(ResNetForImageClassification(ResNetConfig()), device)
+    model = _peer(ResNetForImageClassification(ResNetConfig(num_labels=1000)), device)
     x = torch.randn(batch, 3, IMAGE, IMAGE, generator=torch.Generator().manual_seed(0))
     return model, (x.to(device=device, dtype=next(model.parameters()).dtype),)
 

@@ -34,7 +34,9 @@ def parse_args(argv=None):
     p.add_argument("--models", default="all", help="comma-separated, from: " + ", ".join(MODEL_NAMES))
     p.add_argument("--batches", default="1,8")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--engines", default="luminal,eager,inductor")
+    p.add_argument("--engines", default="luminal,eager,inductor",
+                   help="from: luminal (the native model), eager, inductor, luminal-tc (torch.compile with "
+                        "backend='luminal' on the torch model)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per (model, batch, engine)")
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -75,7 +77,19 @@ def worker(spec: dict) -> dict:
             step()
             compile_s = time.perf_counter() - t0
         else:
-            fn = tmodel if engine == "eager" else torch.compile(tmodel)
+            if engine == "eager":
+                fn = tmodel
+            elif engine == "inductor":
+                fn = torch.compile(tmodel)
+            elif engine == "luminal-tc":  # torch.compile(backend="luminal"), and the share of ops left to torch
+                import luminal.torch as lt
+
+                ex = lt.explain(tmodel, *inputs)
+                share = len(ex.fallbacks) / max(ex.nodes, 1)
+                torch._dynamo.reset()
+                fn = torch.compile(tmodel, backend="luminal")
+            else:
+                raise ValueError(f"unknown engine {engine!r}")
             t0 = time.perf_counter()
 
             def step():
@@ -93,7 +107,10 @@ def worker(spec: dict) -> dict:
             t = time.perf_counter()
             step()
             times.append(time.perf_counter() - t)
-    return {"median_ms": statistics.median(times) * 1e3, "compile_s": compile_s, "peak_mb": peak_rss_mb()}
+    out = {"median_ms": statistics.median(times) * 1e3, "compile_s": compile_s, "peak_mb": peak_rss_mb()}
+    if engine == "luminal-tc":
+        out["fallback_share"] = share
+    return out
 
 
 # ---- the driver ------------------------------------------------------------------------------------------------------
@@ -121,8 +138,9 @@ def main(args) -> None:
 
     print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, device {args.device}, "
           f"{args.runs} timed runs per engine (median)", flush=True)
+    subject = engines[0]  # luminal's engine: every ratio is a peer's time over its time
     head = f"{'model':<12} {'batch':>5} " + " ".join(f"{e + ' ms':>12}" for e in engines)
-    ratios = [e for e in engines if e != "luminal"] if "luminal" in engines else []
+    ratios = engines[1:]
     head += " " + " ".join(f"{'vs ' + e:>12}" for e in ratios)
     head += f" {'lm peak MB':>10} {'lm compile s':>12} {'ind. compile s':>14}"
     print(head, flush=True)
@@ -136,17 +154,19 @@ def main(args) -> None:
             rows.append(row)
             cells = [f"{row[e]['median_ms']:12.2f}" if "median_ms" in row[e] else f"{'error':>12}" for e in engines]
             for e in ratios:
-                ok = "median_ms" in row[e] and "median_ms" in row["luminal"]
-                cells.append(f"{row[e]['median_ms'] / row['luminal']['median_ms']:11.2f}x" if ok else f"{'-':>12}")
-            lm_row, ind = row.get("luminal", {}), row.get("inductor", {})
+                ok = "median_ms" in row[e] and "median_ms" in row[subject]
+                cells.append(f"{row[e]['median_ms'] / row[subject]['median_ms']:11.2f}x" if ok else f"{'-':>12}")
+            lm_row, ind = row.get(subject, {}), row.get("inductor", {})
             cells.append(f"{lm_row['peak_mb']:10.0f}" if "peak_mb" in lm_row else f"{'-':>10}")
             cells.append(f"{lm_row['compile_s']:12.1f}" if "compile_s" in lm_row else f"{'-':>12}")
             cells.append(f"{ind['compile_s']:14.1f}" if "compile_s" in ind else f"{'-':>14}")
+            if "fallback_share" in row.get("luminal-tc", {}):
+                cells.append(f"  fallback {100 * row['luminal-tc']['fallback_share']:.0f}% of aten ops")
             print(f"{m:<12} {b:>5} " + " ".join(cells), flush=True)
             for e in engines:
                 if "error" in row[e]:
                     print(f"  {e}: {row[e]['error']}", flush=True)
-    print("ratios: peer time / luminal time (above 1: luminal is faster)")
+    print(f"ratios: peer time / {subject} time (above 1: luminal is faster)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -96,6 +96,18 @@ def test_mlp_and_weights_changed_between_calls():
     assert lt.COUNTERS["graphs"] == 1 and lt.COUNTERS["luminal_graphs"] == 1
 
 
+def test_inference_mode_inputs():
+    """Tensors made under torch.inference_mode keep no version counter: each call sets them again, so an input
+    changed in place between calls is seen."""
+    m = MLP().eval()
+    f = torch.compile(m, backend="luminal")
+    with torch.inference_mode():
+        x = torch.randn(5, 16)
+        assert_close(f(x), m(x))
+        x.mul_(-3)
+        assert_close(f(x), m(x))
+
+
 def conv_net():
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                       nn.Conv2d(8, 8, 3, stride=2, groups=2, bias=False), nn.BatchNorm2d(8), nn.ReLU(),

@@ -869,13 +869,15 @@ class LuminalGraph:
         for spec, a in zip(self.inputs, args):
             if spec.tensor is None:
                 continue
-            if a is spec.last and a._version == spec.version and a.data_ptr() == spec.ptr:
+            # Inference tensors keep no version counter: they are set again every call.
+            version = None if a.is_inference() else a._version
+            if a is spec.last and version is not None and version == spec.version and a.data_ptr() == spec.ptr:
                 continue  # parameters and buffers: the graph still holds their data
             if a.dtype != spec.dtype or a.device.type != spec.device:
                 raise TypeError(f"luminal graph input {spec.tensor.graph.node(spec.tensor.id).name} was compiled "
                                 f"for {spec.dtype} on {spec.device}, called with {a.dtype} on {a.device}")
             spec.tensor.set(self._device_array(a))
-            spec.last, spec.version, spec.ptr = a, a._version, a.data_ptr()
+            spec.last, spec.version, spec.ptr = a, version, a.data_ptr()
         cx.execute()
         return [self._result(o, d) for o, d in zip(self.outputs, self.out_dtypes)]
 
