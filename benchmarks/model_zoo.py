@@ -170,9 +170,68 @@ def whisper_enc_luminal(model, inputs, device):
     return _stepper(g, out)
 
 
+# ---- Qwen3 and Qwen3-MoE (small configs of their architectures): a prefill of SEQ tokens ------------------------------
+class _Prefill:
+    """The torch peer's prefill: the last position's logits only, as luminal's session computes them."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, ids):
+        return self.model(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+    def eval(self):
+        return self
+
+
+def _qwen_torch(config, batch, device):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = _peer(AutoModelForCausalLM.from_config(config), device)
+    ids = torch.randint(0, config.vocab_size, (batch, SEQ), generator=torch.Generator().manual_seed(0))
+    return _Prefill(model), (ids.to(device),)
+
+
+def qwen3_torch(batch, device):
+    from transformers import Qwen3Config
+
+    return _qwen_torch(Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
+                                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                                   tie_word_embeddings=True), batch, device)
+
+
+def qwen3_moe_torch(batch, device):
+    from transformers import Qwen3MoeConfig
+
+    return _qwen_torch(Qwen3MoeConfig(hidden_size=512, intermediate_size=1536, moe_intermediate_size=256,
+                                      num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                      num_experts=32, num_experts_per_tok=4, vocab_size=32000), batch, device)
+
+
+def qwen_luminal(peer, inputs, device):
+    import luminal as lm
+    from luminal.nn import Llama, LlamaConfig, Session
+
+    ids = _numpy(inputs[0])
+    if ids.shape[0] != 1:
+        raise ValueError("luminal's Llama session runs one sequence at a time (batched decode is not built yet)")
+    model = Llama(LlamaConfig.from_hf(peer.model.config.to_dict()))
+    model.load_state_dict(_state(peer.model))
+    sess = Session(model, _compilers(device), capacity=SEQ)
+
+    def step():
+        sess.reset()
+        sess.step(ids[0])
+
+    return step
+
+
 MODELS = {
     "minilm": Entry(minilm_torch, minilm_luminal),
     "resnet50": Entry(resnet_torch, resnet_luminal),
     "vit": Entry(vit_torch, vit_luminal),
     "whisper-enc": Entry(whisper_enc_torch, whisper_enc_luminal),
+    "qwen3": Entry(qwen3_torch, qwen_luminal),
+    "qwen3-moe": Entry(qwen3_moe_torch, qwen_luminal),
 }

