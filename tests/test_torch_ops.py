@@ -484,3 +484,321 @@ def test_errors():
     _raises(lambda: LF.nll_loss(a, a), TypeError, "class indices")
     _raises(lambda: LF.binary_cross_entropy(a, b), ValueError, "(2, 3)", "(4, 5)")
     _raises(lambda: LF.kl_div(a, a, reduction="batch"), ValueError, "batchmean")
+
+
+# =====================================================================================================================
+# More of torch's surface: 0-d dims, bitwise ints, views and shape helpers, element-wise math, statistics, losses
+# =====================================================================================================================
+def test_zero_d_dims_and_fixed_arguments(backend, rng):
+    """dim 0 / -1 on a 0-d tensor (as torch), var/std's positional unbiased and float correction, round(decimals),
+    softplus's threshold, cumsum(dtype), a 0-d masked_fill value."""
+    s, a, m = np.array(1.75), rng.data((3, 5)) * 8, rng.bools((3, 5))
+
+    def f(x, y, mask, v):
+        return [x.sum(0), x.argmax(0), x.cumsum(-1), x.softmax(0), x.transpose(0, -1), x.squeeze(0), x.logsumexp(0),
+                y.var(False), y.std(1, correction=0.5), y.var(0, unbiased=True), y.round(decimals=1),
+                y.round(decimals=-1), y.softplus(beta=2, threshold=3), y.cumsum(1, dtype=lm.int32),
+                y.masked_fill(mask, v)]
+
+    def tf(x, y, mask, v):
+        return [x.sum(0), x.argmax(0).int(), x.cumsum(-1), x.softmax(0), x.transpose(0, -1), x.squeeze(0),
+                x.logsumexp(0), y.var(False), y.std(1, correction=0.5), y.var(0, unbiased=True), y.round(decimals=1),
+                y.round(decimals=-1), F.softplus(y, beta=2, threshold=3), y.cumsum(1, dtype=torch.int32),
+                y.masked_fill(mask, v)]
+
+    check(f, tf, arrays=[s, a, m, np.array(-2.5)], backend=backend, rng=rng, name="0-d dims, fixed arguments")
+
+
+def test_bitwise_int32(backend, rng):
+    """&, |, ^, ~ on int32 are bitwise (two's complement, negatives and the sign bit included), on bool logical."""
+    a = rng.integers(-2 ** 31, 2 ** 31 - 1, (4, 6))
+    b = rng.integers(-300, 300, (4, 6))
+    a[0, :4] = [-2 ** 31, 2 ** 31 - 1, -1, 0]
+
+    def f(x, y):
+        s = y.remainder(33)  # shifts 0..32: past the width too
+        return [x & y, x | y, x ^ y, ~x, x & 0x0F0F, x.bitwise_or(-7), 5 ^ y, (x > 0) & (y > 0), ~(y > 0),
+                x << s, x >> s, x.bitwise_left_shift(3), x >> 31, (x > 0) ^ (y > 0), (x > 0) | (y > 0)]
+
+    def tf(x, y):
+        s = y.remainder(33)
+        # torch's CPU kernel gives 0 / the sign fill for shifts past the width
+        return [x & y, x | y, x ^ y, ~x, x & 0x0F0F, x.bitwise_or(-7), 5 ^ y, (x > 0) & (y > 0), ~(y > 0),
+                x << s, x >> s, x.bitwise_left_shift(3), x >> 31, (x > 0) ^ (y > 0), (x > 0) | (y > 0)]
+
+    check(f, tf, arrays=[a, b], backend=backend, rng=rng, name="bitwise int32")
+
+
+def test_arange_negative_step_and_factories(backend, rng):
+    def f(x):
+        g = x.graph
+        return [lm.arange(5, -4, -2, graph=g), lm.arange(3.0, -1.0, -0.5, graph=g), lm.eye(3, 4, graph=g) + x,
+                lm.scalar_tensor(2.5, graph=g), x.new_full((2, 2), 1.5), x.new_zeros(3), x.new_ones((1, 2)),
+                x.fill(-1.25), lm.tril_indices(3, 4, 1, graph=g), lm.triu_indices(4, 3, -1, graph=g)]
+
+    def tf(x):
+        return [torch.arange(5, -4, -2).int(), torch.arange(3.0, -1.0, -0.5), torch.eye(3, 4) + x,
+                torch.scalar_tensor(2.5), x.new_full((2, 2), 1.5), x.new_zeros(3), x.new_ones((1, 2)),
+                x.fill_(-1.25) * 1, torch.tril_indices(3, 4, 1).int(), torch.triu_indices(4, 3, -1).int()]
+
+    check(f, tf, shapes=[(3, 4)], backend=backend, rng=rng, name="negative arange, factories")
+
+
+def test_view_and_shape_helpers(backend, rng):
+    a, b, c = rng.data((3, 4)), rng.data((2, 3, 4)), rng.data((4,))
+
+    def f(x, y, v, idx):
+        return [x.t(), y.select(1, -1), y.diagonal(1, 1, 2), x.diag(-1), v.diag(), v.diag_embed(1), v.diagflat(-2),
+                y.diag_embed(0, 0, 2), x.trace(), y.unflatten(2, (2, -1)), y.ravel(), v.broadcast_to((3, 4)),
+                *lm.broadcast_tensors(x, v), lm.atleast_3d(x), *y.tensor_split(3, 2), *x.hsplit([1, 3]),
+                *y.dsplit(2), lm.hstack([x, x]), lm.vstack([v, x]), lm.dstack([x, x]), lm.column_stack([v, v]),
+                y.rot90(1, (1, 2)), y.rot90(-1, (2, 0)), x.rot90(2), x.fliplr(), y.flipud(), *lm.meshgrid(v, v[:2] * 2,
+                indexing="xy"), x.kron(v.reshape(2, 2)), lm.block_diag(x, v.reshape(2, 2), v[0]),
+                x.slice_scatter(x[:, :2] * 9, 1, 1, 4, 2), y.select_scatter(x * 7, 0, 1),
+                y.diagonal_scatter(x[:2, :3] * 5, 0, 1, 2), y.unfold(2, 2, 1), x.take(idx),
+                lm.tensordot(y, x, ([1, 2], [0, 1])), lm.cartesian_prod(v[:2], v[2:]), y.sum_to_size(1, 3, 1),
+                lm.diagonal_copy(x), lm.permute_copy(y, (2, 0, 1))]
+
+    def tf(x, y, v, idx):
+        return [x.t(), y.select(1, -1), y.diagonal(1, 1, 2), x.diag(-1), v.diag(), v.diag_embed(1), v.diagflat(-2),
+                y.diag_embed(0, 0, 2), x.trace(), y.unflatten(2, (2, -1)), y.ravel(), v.broadcast_to((3, 4)),
+                *torch.broadcast_tensors(x, v), torch.atleast_3d(x), *y.tensor_split(3, 2), *x.hsplit([1, 3]),
+                *y.dsplit(2), torch.hstack([x, x]), torch.vstack([v, x]), torch.dstack([x, x]),
+                torch.column_stack([v, v]), y.rot90(1, (1, 2)), y.rot90(-1, (2, 0)), x.rot90(2), x.fliplr(),
+                y.flipud(), *torch.meshgrid(v, v[:2] * 2, indexing="xy"), x.kron(v.reshape(2, 2)),
+                torch.block_diag(x, v.reshape(2, 2), v[0]),
+                x.slice_scatter(x[:, :2] * 9, 1, 1, 4, 2), y.select_scatter(x * 7, 0, 1),
+                y.diagonal_scatter(x[:2, :3] * 5, 0, 1, 2), y.unfold(2, 2, 1), x.take(idx.long()),
+                torch.tensordot(y, x, ([1, 2], [0, 1])), torch.cartesian_prod(v[:2], v[2:]), y.sum_to_size(1, 3, 1),
+                torch.diagonal_copy(x), torch.permute_copy(y, (2, 0, 1))]
+
+    check(f, tf, arrays=[a, b, c, np.array([[0, -1], [5, 11]], np.int32)], backend=backend, rng=rng,
+          name="views and shape helpers")
+
+
+def test_more_elementwise_math(backend, rng):
+    a, b, u = rng.data((3, 5)), rng.data((3, 5)), rng.data((3, 5), "unit")
+    b[0, :3] = [NAN, 0.0, -0.0]
+    a[1, :2] = [NAN, 0.0]
+    u[0, :2] = [0.999, -0.9999]
+
+    def f(x, y, z):
+        return [x.addcmul(y, z, value=0.5), x.addcdiv(z, y.abs() + 1, value=-2), x.erfc(), (x * 2).erfc(),
+                z.erfinv(), x.logaddexp(y), x.logaddexp2(y), x.xlogy(y.abs()), x.hypot(y), x.fmax(y), x.fmin(y),
+                x.copysign(y), x.sinc(), y.signbit(), x.sgn(), x.deg2rad(), x.rad2deg(), x.isclose(y),
+                x.isclose(x + 1e-6), x.isclose(y, equal_nan=True), lm.float_power(x, 2)]
+
+    def tf(x, y, z):
+        return [x.addcmul(y, z, value=0.5), x.addcdiv(z, y.abs() + 1, value=-2), x.erfc(), (x * 2).erfc(),
+                z.erfinv(), x.logaddexp(y), x.logaddexp2(y), x.xlogy(y.abs()), x.hypot(y), x.fmax(y), x.fmin(y),
+                x.copysign(y), x.sinc(), y.signbit(), x.sgn(), x.deg2rad(), x.rad2deg(), x.isclose(y),
+                x.isclose(x + 1e-6), x.isclose(y, equal_nan=True), torch.float_power(x, 2).float()]
+
+    check(f, tf, arrays=[a, b, u], backend=backend, rng=rng, name="more element-wise math")
+
+
+def test_more_statistics(backend, rng):
+    a, b, v = rng.data((3, 5)), rng.data((4, 5)), rng.data((3, 3))
+    nan = a.copy()
+    nan[0, 1], nan[2, 4] = NAN, NAN
+    a[1, 2], a[1, 4] = a[1, 0], 0.0  # ties for cummax's last index, a zero for count_nonzero
+
+    def f(x, n, y, s):
+        return [n.nansum(), n.nansum(1), n.nanmean(0), *x.var_mean(1), *x.std_mean(0, correction=0), *x.aminmax(),
+                *x.aminmax(dim=1, keepdim=True), x.count_nonzero(), x.count_nonzero(0), *x.cummax(1), *x.cummin(0),
+                x.logcumsumexp(1), x.diff(), x.diff(2, 0, prepend=y[:1]), x.dist(y[:3], 3), lm.cdist(x, y),
+                x.renorm(2, 0, 1.5), x.cov(), x.corrcoef(), s.cross(s.flip(0), 1), x.inner(y), lm.trapezoid(x),
+                lm.cumulative_trapezoid(x, dim=0)]
+
+    def tf(x, n, y, s):
+        return [n.nansum(), n.nansum(1), n.nanmean(0), *torch.var_mean(x, 1), *torch.std_mean(x, 0, correction=0),
+                *x.aminmax(), *x.aminmax(dim=1, keepdim=True), x.count_nonzero().int(), x.count_nonzero(0).int(),
+                *[t if t.is_floating_point() else t.int() for t in x.cummax(1)],
+                *[t if t.is_floating_point() else t.int() for t in x.cummin(0)], x.logcumsumexp(1), x.diff(),
+                x.diff(2, 0, prepend=y[:1]), x.dist(y[:3], 3), torch.cdist(x, y), x.renorm(2, 0, 1.5), x.cov(),
+                x.corrcoef(), s.cross(s.flip(0), 1), x.inner(y), torch.trapezoid(x),
+                torch.cumulative_trapezoid(x, dim=0)]
+
+    check(f, tf, arrays=[a, nan, b, v], backend=backend, rng=rng, name="more statistics")
+
+
+def test_more_losses(backend, rng):
+    x1, x2, y = rng.data((4, 5)), rng.data((4, 5)), np.where(rng.bools((4,)), 1.0, -1.0)
+    t = np.where(rng.bools((4, 5)), 1.0, -1.0)
+    lab = rng.bools((4, 5)).astype(np.float64)
+    pos = rng.data((4, 5), "pos")
+    cls = rng.integers(0, 5, (4,))
+
+    def f(a, b, yv, tv, lv, p, c):
+        return [LF.soft_margin_loss(a, tv), LF.margin_ranking_loss(a[:, 0], b[:, 0], yv, margin=0.3),
+                LF.hinge_embedding_loss(a, tv, margin=0.5, reduction="none"), LF.poisson_nll_loss(a, p),
+                LF.poisson_nll_loss(p, p * 2, log_input=False, full=True, reduction="sum"),
+                LF.gaussian_nll_loss(a, b, p), LF.gaussian_nll_loss(a, b, p[:, 0], full=True, reduction="none"),
+                LF.cosine_embedding_loss(a, b, yv, margin=0.2), LF.multilabel_soft_margin_loss(a, lv),
+                LF.triplet_margin_loss(a, b, p, margin=0.5, swap=True), LF.multi_margin_loss(a, c),
+                LF.multi_margin_loss(a, c, p=2, margin=0.7, weight=p[0], reduction="none")]
+
+    def tf(a, b, yv, tv, lv, p, c):
+        c = c.long()
+        return [F.soft_margin_loss(a, tv), F.margin_ranking_loss(a[:, 0], b[:, 0], yv, margin=0.3),
+                F.hinge_embedding_loss(a, tv, margin=0.5, reduction="none"), F.poisson_nll_loss(a, p),
+                F.poisson_nll_loss(p, p * 2, log_input=False, full=True, reduction="sum"),
+                F.gaussian_nll_loss(a, b, p), F.gaussian_nll_loss(a, b, p[:, 0], full=True, reduction="none"),
+                F.cosine_embedding_loss(a, b, yv, margin=0.2), F.multilabel_soft_margin_loss(a, lv),
+                F.triplet_margin_loss(a, b, p, margin=0.5, swap=True), F.multi_margin_loss(a, c),
+                F.multi_margin_loss(a, c, p=2, margin=0.7, weight=p[0], reduction="none")]
+
+    check(f, tf, arrays=[x1, x2, y, t, lab, pos, cls], backend=backend, rng=rng, name="more losses")
+
+
+def test_more_errors():
+    cx = lm.Graph()
+    a, b3 = cx.tensor((2, 3)), cx.tensor((2, 3, 4))
+    _raises(lambda: b3.t(), ValueError, "(2, 3, 4)")
+    _raises(lambda: a.diagonal(0, 1, 1), ValueError, "dim1")
+    _raises(lambda: b3.diag(), ValueError, "(2, 3, 4)")
+    _raises(lambda: a.rot90(1, (0, 0)), ValueError, "rot90")
+    _raises(lambda: a.vsplit(3), ValueError, "(2, 3)")
+    _raises(lambda: a.hsplit(2), ValueError, "(2, 3)")
+    _raises(lambda: a & a, TypeError, "float32")
+    _raises(lambda: a.masked_fill(a.gt(0), a), ValueError, "(2, 3)")
+    _raises(lambda: a.unfold(1, 4, 1), ValueError, "(2, 3)")
+    _raises(lambda: LF.multi_margin_loss(a, cx.tensor((3,), lm.int32)), ValueError, "(2, 3)", "(3,)")
+    _raises(lambda: lm.tensordot(a, b3, ([1], [2])), ValueError, "(2, 3)", "(2, 3, 4)")
+
+
+def test_special_functions(backend, rng):
+    """lgamma, digamma (reflection for x < 1/2), polygamma, mvlgamma and i0 against torch, poles included."""
+    a = rng.data((4, 6)) * 4
+    a[0, :5] = [0.5, 1.0, 2.0, -2.5, -0.25]
+    p, big = rng.data((4, 6), "pos") * 3, rng.data((4, 6)) * 6
+
+    def f(x, y, z):
+        return [x.lgamma(), x.digamma(), lm.polygamma(1, y), lm.polygamma(3, x), (y + 1).mvlgamma(3), z.i0()]
+
+    def tf(x, y, z):
+        return [x.lgamma(), x.digamma(), torch.polygamma(1, y), torch.polygamma(3, x), (y + 1).mvlgamma(3), z.i0()]
+
+    check(f, tf, arrays=[a, p, big], backend=backend, rng=rng, name="special functions")
+
+
+def test_integer_and_search_ops(backend, rng):
+    a, b = rng.integers(-60, 60, (3, 5)), rng.integers(-12, 12, (3, 5))
+    a[0, :3], b[0, :3] = [0, 0, 1836311903], [0, 7, 1134903170]  # gcd(0, 0), gcd(0, b), Fibonacci neighbours
+    x, edges = rng.data((3, 5)), np.sort(rng.data((6,)))
+    idx = np.array([0, -1, 7, 3], np.int32)
+
+    def f(i, j, v, e, k):
+        return [i.gcd(j), i[1:].lcm(j[1:]), v.ldexp(j.clamp(-4, 4)), i.isin(j), i.isin(j, invert=True),
+                v.put(k, v[0, :4] * 10), v.put(k, v[1, :4], accumulate=True), lm.bucketize(v, e),
+                lm.bucketize(v, e, right=True), lm.searchsorted(e, v), *lm.unravel_index(i.abs(), (4, 5)),
+                lm.combinations(e[:4], 2), lm.combinations(e[:3], 2, with_replacement=True), v.histc(4, -1, 1),
+                v.histc(3)]
+
+    def tf(i, j, v, e, k):
+        k = k.long()
+        return [i.gcd(j), i[1:].lcm(j[1:]), v.ldexp(j.clamp(-4, 4)), torch.isin(i, j), torch.isin(i, j, invert=True),
+                v.put(k, v[0, :4] * 10), v.put(k, v[1, :4], accumulate=True), torch.bucketize(v, e).int(),
+                torch.bucketize(v, e, right=True).int(), torch.searchsorted(e, v).int(),
+                *[t.int() for t in torch.unravel_index(i.abs().long(), (4, 5))], torch.combinations(e[:4], 2),
+                torch.combinations(e[:3], 2, with_replacement=True), v.histc(4, -1, 1), v.histc(3)]
+
+    check(f, tf, arrays=[a, b, x, edges, idx], backend=backend, rng=rng, name="integer and search ops")
+
+
+def test_quantiles_and_frexp(backend, rng):
+    a = rng.data((4, 7), "distinct")
+    n = a.copy()
+    n[0, 2], n[3, :5] = NAN, NAN
+    e = rng.data((3, 4)) * 100
+    e[0, :3] = [0.0, 0.5, 1.0]
+    q = np.array([0.1, 0.5, 0.95])
+
+    def f(x, y, z, qs):
+        return [x.quantile(0.3), x.quantile(qs, 1, keepdim=True), x.quantile(0.5, 0, interpolation="midpoint"),
+                x.quantile(0.4, 1, interpolation="nearest"), x.quantile(0.7, 1, interpolation="lower"),
+                y.quantile(0.5, 1), y.nanquantile(qs, 1), *y.nanmedian(1), y.nanmedian(), *z.frexp()]
+
+    def tf(x, y, z, qs):
+        return [x.quantile(0.3), x.quantile(qs, 1, keepdim=True), x.quantile(0.5, 0, interpolation="midpoint"),
+                x.quantile(0.4, 1, interpolation="nearest"), x.quantile(0.7, 1, interpolation="lower"),
+                y.quantile(0.5, 1), y.nanquantile(qs, 1), *[t if t.is_floating_point() else t.int()
+                                                          for t in y.nanmedian(1)], y.nanmedian(), *z.frexp()]
+
+    check(f, tf, arrays=[a, n, e, q], backend=backend, rng=rng, name="quantiles and frexp")
+
+
+def test_more_nn_functions(backend, rng):
+    x4, w, x2 = rng.data((2, 6, 3, 3)), rng.data((5, 3)), rng.data((4, 3))
+    idx = np.array([[0, 4], [2, 2]], np.int32)
+    wb = rng.data((2, 3, 4))
+    ml = np.array([[1, 0, -1], [2, -1, 0], [0, 1, 2], [-1, 1, 1]], np.int32)  # targets end at the first -1
+
+    def f(x, ww, v, i, b3, s, ml):
+        return [LF.channel_shuffle(x, 3), LF.bilinear(v, v.flip(0), b3[:, :, :3]),
+                LF.pdist(v), LF.pdist(v, 1), LF.upsample_nearest(x, scale_factor=2),
+                LF.upsample_bilinear(x, size=(4, 5)), LF.embedding(i, ww, max_norm=1.0), LF.embedding(i, ww, 0),
+                *lm.native_layer_norm(v, (3,), ww[0], ww[1], 1e-5), *lm.native_group_norm(x, None, None, 2, 6, 9, 3,
+                                                                                        1e-5),
+                *lm.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5),
+                LF.pad(x, (-1, 2, 1, -2), mode="replicate"), v.narrow(0, s, 2), v[[0, 2, -1]], v[:, [1, 1]],
+                v.prelu(s.float() * 0 + 0.25), lm.linspace(s.float(), 3.0, 5),
+                LF.multilabel_margin_loss(v, ml),
+                LF.linear_cross_entropy(v, ww, i.reshape(-1))]
+
+    def tf(x, ww, v, i, b3, s, ml):
+        i = i.long()
+        return [F.channel_shuffle(x, 3), F.bilinear(v, v.flip(0), b3[:, :, :3]), F.pdist(v), F.pdist(v, 1),
+                F.interpolate(x, scale_factor=2, mode="nearest"),
+                F.interpolate(x, size=(4, 5), mode="bilinear", align_corners=True),
+                F.embedding(i, ww.clone(), max_norm=1.0), F.embedding(i, ww, 0),
+                *torch.native_layer_norm(v, (3,), ww[0], ww[1], 1e-5),
+                *torch.native_group_norm(x, None, None, 2, 6, 9, 3, 1e-5),
+                *torch.native_batch_norm(x, None, None, None, None, True, 0.1, 1e-5),
+                F.pad(x, (-1, 2, 1, -2), mode="replicate"), v.narrow(0, s, 2), v[[0, 2, -1]], v[:, [1, 1]],
+                F.prelu(v, s.float() * 0 + 0.25), torch.linspace(s.float(), 3.0, 5),
+                F.multilabel_margin_loss(v, ml.long()),
+                F.linear_cross_entropy(v, ww, i.reshape(-1))]
+
+    check(f, tf, arrays=[x4, w, x2, idx, wb, np.array(1, np.int32), ml], backend=backend, rng=rng,
+          name="more nn functions")
+
+
+def test_mode_histogram_gradient_bags(backend, rng):
+    a = rng.integers(0, 4, (3, 8)).astype(np.float64)  # repeats, for mode
+    x = rng.data((4, 6))
+    edges = np.array([-1.5, -0.5, 0.0, 0.7, 2.0])
+    w, tab = rng.data((4, 6), "pos"), rng.data((6, 3))
+    flat, offs = np.array([0, 2, 5, 5, 1, 3], np.int32), np.array([0, 2, 2, 6], np.int32)
+    idx, src = np.array([0, 2, 0], np.int32), rng.data((4, 3))
+
+    def f(m, v, e, wt, t, i, o, ri, s):
+        return [*m.mode(1), *m.mode(0, keepdim=True), *v.histogram(5), *v.histogram(3, range=(-1.0, 1.0), weight=wt),
+                *v.histogram(e, density=True), *v.gradient(), *v.gradient(spacing=[2.0, 0.5], edge_order=2),
+                *v.gradient(spacing=[wt[:, 0].cumsum(0)], dim=0), *v.gradient(spacing=[wt[0].cumsum(0)], dim=1,
+                                                                              edge_order=2),
+                v[:1].masked_scatter(v.gt(0), v * 3),
+                LF.embedding_bag(i, t, o, mode="sum"), LF.embedding_bag(i, t, o, mode="max", padding_idx=5),
+                LF.embedding_bag(i.reshape(2, 3), t, per_sample_weights=wt[0].reshape(2, 3), mode="sum"),
+                LF.embedding_bag(i, t, o, mode="mean", include_last_offset=True),
+                v[:, :3].index_reduce(1, ri, s, "prod"), v[:, :3].index_reduce(1, ri, s, "amax", include_self=False),
+                v[:, :3].index_reduce(1, ri, s, "mean")]
+
+    def tf(m, v, e, wt, t, i, o, ri, s):
+        i, o, ri = i.long(), o.long(), ri.long()
+        mo0, mo1 = m.mode(1), m.mode(0, keepdim=True)
+        return [mo0[0], mo0[1].int(), mo1[0], mo1[1].int(), *v.histogram(5), *v.histogram(3, range=(-1.0, 1.0),
+                                                                                          weight=wt),
+                *v.histogram(e, density=True), *torch.gradient(v), *torch.gradient(v, spacing=[2.0, 0.5], edge_order=2),
+                *torch.gradient(v, spacing=[wt[:, 0].cumsum(0)], dim=0),
+                *torch.gradient(v, spacing=[wt[0].cumsum(0)], dim=1, edge_order=2),
+                v[:1].masked_scatter(v.gt(0), v * 3),
+                F.embedding_bag(i, t, o, mode="sum"), F.embedding_bag(i, t, o, mode="max", padding_idx=5),
+                F.embedding_bag(i.reshape(2, 3), t, per_sample_weights=wt[0].reshape(2, 3), mode="sum"),
+                F.embedding_bag(i, t, o, mode="mean", include_last_offset=True),
+                v[:, :3].index_reduce(1, ri, s[:, :3], "prod"),
+                v[:, :3].index_reduce(1, ri, s[:, :3], "amax", include_self=False),
+                v[:, :3].index_reduce(1, ri, s[:, :3], "mean")]
+
+    check(f, tf, arrays=[a, x, edges, w, tab, flat, offs, idx, src[:, :3]], backend=backend, rng=rng,
+          name="mode, histogram, gradient, embedding_bag, index_reduce")

@@ -8,7 +8,8 @@ from typing import Sequence
 from . import _core
 from . import dtypes as dt
 from .graph import default_graph
-from .tensor import Tensor, _arange, _fmt, _scalar, broadcast_shapes
+from .tensor import Tensor, _arange, _fmt, _scalar
+from .tensor import broadcast_shapes as _broadcast
 
 
 def _graph_of(tensors, graph):
@@ -23,9 +24,15 @@ def arange(start, end=None, step=1, *, dtype=None, graph=None) -> Tensor:
     if end is None:
         start, end = 0, start
     start, end = (_core.to_expr(v) if isinstance(v, str) else v for v in (start, end))
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    if builtins.all(isinstance(v, int) for v in (start, end, step)) and step < 0:
+        n = builtins.max(0, -((start - end) // step))  # ceil((end - start) / step)
+        t = g._wrap(g._g.iota(start + _core.Expr.var("z") * step, n))
+        return t.to(dtype) if dtype else t
     if builtins.all(isinstance(v, (int, _core.Expr)) for v in (start, end)) and isinstance(step, int):
-        if step <= 0:
-            raise ValueError("arange: step must be positive")
+        if step < 0:
+            raise ValueError("arange: a negative step needs constant start and end")
         s, e = _core.to_expr(start), _core.to_expr(end)
         n = (e - s + (step - 1)) // step
         t = g._wrap(g._g.iota(s + _core.Expr.var("z") * step, n))
@@ -110,7 +117,7 @@ def where(condition: Tensor, input, other) -> Tensor:
         input = g.constant(input, other.dtype if isinstance(other, Tensor) and isinstance(input, (int, float)) and
                            other.dtype.is_float else (dt.float32 if isinstance(input, float) else dt.int32))
     a, b = input._operands(other, "where")
-    shape = broadcast_shapes(a.layout.shape, condition.layout.shape, "where")
+    shape = _broadcast(a.layout.shape, condition.layout.shape, "where")
     a, b, c = a.expand_to(shape), b.expand_to(shape), condition.expand_to(shape)
     n = a.numel()
     table = stack([b, a]).reshape(-1)  # [other..., input...]
@@ -136,8 +143,16 @@ def triu(t: Tensor, diagonal: int = 0) -> Tensor:
     return _tri(t, diagonal, False)
 
 
-def embedding(input: Tensor, weight: Tensor) -> Tensor:
-    return weight._new(weight.graph._g.gather(weight._edge(), input.to(dt.int32)._edge()))
+def embedding(input: Tensor, weight: Tensor, padding_idx=None, max_norm=None, norm_type: float = 2.0,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> Tensor:
+    """weight's rows at input. padding_idx, scale_grad_by_freq and sparse only concern gradients; max_norm scales
+    each looked-up row whose norm exceeds it down to max_norm (torch renormalises weight in place, the same rows)."""
+    out = weight._new(weight.graph._g.gather(weight._edge(), input.to(dt.int32)._edge()))
+    if max_norm is not None:
+        norm = out.float().norm(norm_type, -1, keepdim=True)
+        scale = where(norm.gt(max_norm), max_norm / (norm + 1e-7), 1.0)
+        out = out * scale.to(out.dtype)
+    return out
 
 
 # Functional forms of Tensor methods, torch.nn.functional style.
@@ -159,6 +174,10 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def rms_norm(x, normalized_shape, weight=None, eps=1e-6):
     return x.rms_norm(normalized_shape, weight, eps)
+
+
+def constant_pad_nd(x, pad, value=0):
+    return x.pad(pad, value)
 
 
 def pad(x, pad, mode="constant", value=None):
@@ -218,6 +237,17 @@ _METHODS = (
     "reshape", "permute", "transpose", "unsqueeze", "squeeze", "flatten", "flip", "roll", "tile",
     "repeat_interleave", "movedim", "moveaxis", "swapaxes", "swapdims", "narrow", "unbind", "gather",
     "index_select", "split", "chunk",
+    # more of torch's surface
+    "t", "select", "ravel", "unflatten", "sum_to_size", "fliplr", "flipud", "rot90", "tensor_split", "hsplit",
+    "vsplit", "dsplit", "split_with_sizes", "unsafe_split", "unsafe_chunk", "diagonal", "diag_embed", "diag",
+    "diagflat", "trace", "slice_scatter", "select_scatter", "diagonal_scatter", "take", "addcmul", "addcdiv",
+    "erfc", "erfinv", "logaddexp", "logaddexp2", "xlogy", "hypot", "fmax", "fmin", "signbit", "copysign", "sinc",
+    "sgn", "deg2rad", "rad2deg", "isclose", "nansum", "nanmean", "var_mean", "std_mean", "aminmax",
+    "count_nonzero", "cummax", "cummin", "logcumsumexp", "diff", "dist", "renorm", "cross", "inner", "addr", "cov",
+    "corrcoef", "positive", "masked_fill", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "erf",
+    "float_power", "unfold", "lgamma", "digamma", "mvlgamma", "i0", "gcd", "lcm", "ldexp", "isin", "put", "histc",
+    "quantile", "nanquantile", "nanmedian", "frexp", "mode", "histogram", "gradient", "bitwise_left_shift",
+    "bitwise_right_shift",
 )
 for _name in _METHODS:
     globals()[_name] = _method(_name)
@@ -363,6 +393,8 @@ def linspace(start, end, steps: int, *, dtype=None, graph=None) -> Tensor:
     if steps < 0:
         raise ValueError(f"linspace: steps must be non-negative, got {steps}")
     if steps == 1:
+        if isinstance(start, Tensor):  # a 0-d tensor start (torch's tensor overload)
+            return start.to(dtype or dt.float32).reshape(1)
         return full((1,), start, dtype or dt.float32, graph=g)
     i = _arange(g, steps).to(dt.float32)
     step = (end - start) / builtins.max(steps - 1, 1)
@@ -387,8 +419,389 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     return tensor.to(dt.int32).unsqueeze(-1).eq(classes).to(dt.int32)
 
 
+# ---- more of torch's functions ----------------------------------------------------------------------------------
+def _seq(tensors):
+    return tuple(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else tuple(tensors)
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    """torch.broadcast_shapes: the shape the given shapes broadcast to (ints or tuples)."""
+    out = []
+    for s in shapes:
+        s = (s,) if isinstance(s, int) else tuple(s)
+        out = _broadcast(out, [_core.to_expr(d) for d in s], "broadcast_shapes")
+    return tuple(int(d) if d.is_const() else d for d in out)
+
+
+def broadcast_tensors(*tensors) -> tuple:
+    tensors = _seq(tensors)
+    shape = []
+    for t in tensors:
+        shape = _broadcast(shape, t.layout.shape, "broadcast_tensors")
+    return tuple(t.expand_to(shape) for t in tensors)
+
+
+def broadcast_to(x, size):
+    return x.broadcast_to(size)
+
+
+def _atleast(n: int, tensors):
+    tensors = _seq(tensors) if tensors and isinstance(tensors[0], (list, tuple)) else tensors
+    out = []
+    for t in tensors:
+        if t.ndim < n:
+            shape = list(t.layout.shape)
+            # torch: 0-d -> (1,)/(1, 1)/(1, 1, 1); 1-d (n,) -> (1, n) / (1, n, 1); 2-d (a, b) -> (a, b, 1)
+            if n == 3:
+                shape = {0: [1, 1, 1], 1: [1] + shape + [1], 2: shape + [1]}[t.ndim]
+            else:
+                shape = [1] * (n - t.ndim) + shape
+            t = t.reshape(shape)
+        out.append(t)
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def atleast_1d(*tensors):
+    return _atleast(1, tensors)
+
+
+def atleast_2d(*tensors):
+    return _atleast(2, tensors)
+
+
+def atleast_3d(*tensors):
+    return _atleast(3, tensors)
+
+
+def hstack(tensors):
+    tensors = atleast_1d(*tensors) if len(tensors) > 1 else (atleast_1d(tensors[0]),)
+    return cat(tensors, 0 if tensors[0].ndim == 1 else 1)
+
+
+def vstack(tensors):
+    t = atleast_2d(*tensors)
+    return cat(t if isinstance(t, tuple) else (t,), 0)
+
+
+row_stack = vstack
+
+
+def dstack(tensors):
+    t = atleast_3d(*tensors)
+    return cat(t if isinstance(t, tuple) else (t,), 2)
+
+
+def column_stack(tensors):
+    cols = [t.reshape(-1, 1) if t.ndim <= 1 else t for t in tensors]
+    return cat(cols, 1)
+
+
+def meshgrid(*tensors, indexing: str = "ij"):
+    tensors = _seq(tensors)
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    ts = [t.reshape(-1) for t in tensors]
+    swap = indexing == "xy" and len(ts) >= 2
+    if swap:
+        ts[0], ts[1] = ts[1], ts[0]
+    shape = [t.layout.shape[0] for t in ts]
+    out = []
+    for i, t in enumerate(ts):
+        view = [_core.Expr(1)] * len(ts)
+        view[i] = shape[i]
+        out.append(t.reshape(view).expand_to(shape))
+    if swap:  # 'xy': the first two inputs vary along dims 1 and 0
+        out[0], out[1] = out[1], out[0]
+    return tuple(out)
+
+
+def eye(n, m=None, *, dtype=None, graph=None) -> Tensor:
+    g = graph or default_graph()
+    m = n if m is None else m
+    i, j = _arange(g, n), _arange(g, m)
+    return i.unsqueeze(1).eq(j.unsqueeze(0)).to(dtype or dt.float32)
+
+
+def scalar_tensor(value, *, dtype=None, graph=None) -> Tensor:
+    return full((), value, dtype or dt.float32, graph=graph)
+
+
+def fill(x, value):
+    return x.fill(value)
+
+
+def _tri_indices(row: int, col: int, offset: int, lower: bool, dtype, graph):
+    pairs = [(i, j) for i in range(row) for j in range(col) if ((j - i <= offset) if lower else (j - i >= offset))]
+    g = graph or default_graph()
+    if not pairs:
+        return full((2, 0), 0, dtype or dt.int32, graph=g)
+    # The pairs as a small constant input (an Iota expression for them would be long).
+    import numpy as np
+
+    t = g.named(np.array(pairs, dtype=np.int32).T.copy(), dt.int32)
+    return t.to(dtype) if dtype else t
+
+
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, graph=None):
+    return _tri_indices(row, col, offset, True, dtype, graph)
+
+
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, graph=None):
+    return _tri_indices(row, col, offset, False, dtype, graph)
+
+
+def block_diag(*tensors):
+    ts = [t.reshape(1, -1) if t.ndim == 1 else (t.reshape(1, 1) if t.ndim == 0 else t) for t in tensors]
+    rtype = ts[0].dtype
+    for t in ts[1:]:
+        rtype = dt.result_type(rtype, t.dtype)
+    rows = builtins.sum((t.layout.shape[0] for t in ts), _core.Expr(0))
+    cols = builtins.sum((t.layout.shape[1] for t in ts), _core.Expr(0))
+    out, r, c = None, _core.Expr(0), _core.Expr(0)
+    for t in ts:
+        h, w = t.layout.shape
+        piece = t.to(rtype).pad((c, cols - c - w, r, rows - r - h))
+        out = piece if out is None else out + piece
+        r, c = r + h, c + w
+    return out
+
+
+def cartesian_prod(*tensors):
+    tensors = _seq(tensors)
+    if len(tensors) == 1:
+        return tensors[0]
+    grids = meshgrid(*tensors, indexing="ij")
+    return stack([g.reshape(-1) for g in grids], 1)
+
+
+def kron(a, b):
+    return a.kron(b)
+
+
+def cdist(x1, x2, p: float = 2.0, compute_mode=None):
+    d = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    return d.norm(p, -1)
+
+
+def trapezoid(y, x=None, *, dx=None, dim: int = -1):
+    ax = y._axis(dim)
+    n = y.layout.shape[ax]
+    if n.is_const() and int(n) == 0:
+        return y.sum(ax) * 0
+    lo, hi = y.narrow(ax, 0, n - 1), y.narrow(ax, 1, n - 1)
+    if x is not None:
+        xd = x.diff(dim=dim if x.ndim > 1 else -1)
+        if x.ndim == 1 and y.ndim > 1:
+            xd = xd.reshape([xd.layout.shape[0]] + [1] * (y.ndim - 1 - ax))
+        return ((hi + lo) * xd).sum(ax) * 0.5
+    return (hi + lo).sum(ax) * (0.5 * (1.0 if dx is None else dx))
+
+
+trapz = trapezoid
+
+
+def cumulative_trapezoid(y, x=None, *, dx=None, dim: int = -1):
+    ax = y._axis(dim)
+    n = y.layout.shape[ax]
+    lo, hi = y.narrow(ax, 0, n - 1), y.narrow(ax, 1, n - 1)
+    if x is not None:
+        xd = x.diff(dim=dim if x.ndim > 1 else -1)
+        if x.ndim == 1 and y.ndim > 1:
+            xd = xd.reshape([xd.layout.shape[0]] + [1] * (y.ndim - 1 - ax))
+        return ((hi + lo) * xd * 0.5).cumsum(ax)
+    return ((hi + lo) * (0.5 * (1.0 if dx is None else dx))).cumsum(ax)
+
+
+def tensordot(a, b, dims=2):
+    if isinstance(dims, int):
+        da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    else:
+        da, db = ([dims[0]] if isinstance(dims[0], int) else list(dims[0])), \
+            ([dims[1]] if isinstance(dims[1], int) else list(dims[1]))
+    da, db = [a._axis(d) for d in da], [b._axis(d) for d in db]
+    ra = [d for d in range(a.ndim) if d not in da]
+    rb = [d for d in range(b.ndim) if d not in db]
+    sa, sb = list(a.layout.shape), list(b.layout.shape)
+    for x, y in zip(da, db):  # size 1 against n broadcasts, as torch does
+        if sa[x] != sb[y]:
+            if sa[x] != 1 and sb[y] != 1:
+                raise ValueError(f"tensordot: contracted dims {x} of {_fmt(a.shape)} and {y} of {_fmt(b.shape)} "
+                                 "differ")
+            sa[x] = sb[y] = sa[x] if sb[y] == 1 else sb[y]
+    a, b = a.expand_to(sa), b.expand_to(sb)
+    k = _core.Expr(1)
+    for d in da:
+        k = k * a.layout.shape[d]
+    am = a.permute(ra + da).reshape([-1, k] if ra else [1, k])
+    bm = b.permute(db + rb).reshape([k, -1] if rb else [k, 1])
+    out = am.matmul(bm)
+    return out.reshape([a.layout.shape[d] for d in ra] + [b.layout.shape[d] for d in rb])
+
+
+def _copy_of(name: str):
+    def f(input, *args, **kwargs):
+        out = getattr(input, name)(*args, **kwargs)
+        return type(out)(o.contiguous() for o in out) if isinstance(out, (list, tuple)) else out.contiguous()
+
+    f.__name__ = f.__qualname__ = name + "_copy"
+    f.__doc__ = f"torch's {name}_copy: Tensor.{name} (values are immutable here, so the view is the copy)."
+    return f
+
+
+def polygamma(n: int, input):
+    return input.polygamma(n)
+
+
+def bucketize(input, boundaries, *, out_int32: bool = False, right: bool = False):
+    """The index of each value's bucket among sorted 1-D boundaries: how many boundaries lie below it (or at or
+    below it with right=True)."""
+    if not isinstance(input, Tensor):
+        input = boundaries.graph.constant(input, boundaries.dtype)
+    below = boundaries.le(input.unsqueeze(-1)) if right else boundaries.lt(input.unsqueeze(-1))
+    return below.to(dt.int32).sum(-1)
+
+
+def searchsorted(sorted_sequence, input, *, out_int32: bool = False, right: bool = False, side=None, sorter=None):
+    if side is not None:
+        right = side == "right"
+    seq = sorted_sequence
+    if sorter is not None:
+        seq = seq.gather(-1, sorter)
+    if not isinstance(input, Tensor):
+        input = seq.graph.constant(input, seq.dtype)
+    if seq.ndim == 1:
+        return bucketize(input, seq, right=right)
+    below = seq.unsqueeze(-2).le(input.unsqueeze(-1)) if right else seq.unsqueeze(-2).lt(input.unsqueeze(-1))
+    return below.to(dt.int32).sum(-1)
+
+
+def unravel_index(indices, shape):
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    i = indices.to(dt.int32)
+    out, stride = [], 1
+    for d in reversed(shape):
+        out.append((i // stride).remainder(d) if stride > 1 else i.remainder(d))
+        stride *= d
+        if stride >= 2 ** 31:
+            stride = 2 ** 31  # beyond int32: every index is below it
+    return tuple(reversed(out))
+
+
+def combinations(input, r: int = 2, with_replacement: bool = False):
+    import itertools
+
+    n = input.layout.shape[0]
+    if input.ndim != 1 or not n.is_const():
+        raise ValueError(f"combinations: needs a 1-D tensor of constant size, got shape {_fmt(input.shape)}")
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    rows = list(pick(range(int(n)), r))
+    if not rows or not r:
+        return full((0, r) if r else (0,), 0, input.dtype, graph=input.graph)
+    import numpy as np
+
+    idx = input.graph.named(np.asarray(rows, dtype=np.int32).reshape(-1), dt.int32)
+    return input.index_select(0, idx).reshape(len(rows), r)
+
+
+def channel_shuffle(input, groups: int):
+    n, c = input.layout.shape[0], input.layout.shape[1]
+    rest = list(input.layout.shape[2:])
+    x = input.reshape([n, _core.Expr(groups), c // groups] + rest)
+    return x.transpose(1, 2).reshape(input.layout.shape)
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """y[..., o] = sum_ij x1[..., i] W[o, i, j] x2[..., j] + b[o]."""
+    out = einsum("...i,oij,...j->...o", input1, weight, input2)
+    return out + bias if bias is not None else out
+
+
+def pdist(input, p: float = 2.0):
+    """The distances between each pair of rows i < j of an (N, M) input, in row-major order."""
+    n = input.layout.shape[0]
+    if input.ndim != 2 or not n.is_const():
+        raise ValueError(f"pdist: needs a 2-D input with a constant first dim, got shape {_fmt(input.shape)}")
+    import itertools
+
+    import numpy as np
+
+    pairs = list(itertools.combinations(range(int(n)), 2))
+    if not pairs:
+        return full((0,), 0, input.dtype, graph=input.graph)
+    idx = np.asarray(pairs, dtype=np.int32)
+    a = input.index_select(0, input.graph.named(idx[:, 0].copy(), dt.int32))
+    b = input.index_select(0, input.graph.named(idx[:, 1].copy(), dt.int32))
+    return (a - b).norm(p, -1)
+
+
+def upsample_nearest(input, size=None, scale_factor=None):
+    from .convolution import interpolate
+
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+def upsample_bilinear(input, size=None, scale_factor=None):
+    from .convolution import interpolate
+
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type: float = 2.0, scale_grad_by_freq=False,
+                  mode: str = "mean", sparse: bool = False, per_sample_weights=None, include_last_offset=False,
+                  padding_idx=None):
+    """Sums, means or maxima of bags of embedding rows: the rows of a 2-D input, or the stretches of a 1-D input
+    that start at offsets. An empty bag gives zeros; padding_idx entries are left out."""
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    idx = input.to(dt.int32)
+    p = idx.reshape(-1)
+    rows = embedding(p, weight, max_norm=max_norm, norm_type=norm_type)  # (P, D)
+    n = p.layout.shape[0]
+    pos = _arange(weight.graph, n)
+    if input.ndim == 2:
+        length = input.layout.shape[1]
+        bag = pos // _scalar(weight.graph, length, dt.int32)
+        member = bag.unsqueeze(0).eq(_arange(weight.graph, input.layout.shape[0]).unsqueeze(1))  # (B, P)
+    else:
+        if offsets is None:
+            raise ValueError("embedding_bag: a 1-D input needs offsets")
+        o = offsets.to(dt.int32)
+        starts = o.narrow(0, 0, o.layout.shape[0] - 1) if include_last_offset else o
+        ends = o.narrow(0, 1, o.layout.shape[0] - 1) if include_last_offset else cat(
+            [o.narrow(0, 1, o.layout.shape[0] - 1), _scalar(weight.graph, n, dt.int32).reshape(1)])
+        member = pos.unsqueeze(0).ge(starts.unsqueeze(1)) & pos.unsqueeze(0).lt(ends.unsqueeze(1))
+    if padding_idx is not None:
+        member = member & p.ne(padding_idx).unsqueeze(0)
+    m = member.to(rows.dtype)
+    if mode == "max":
+        big = where(member.unsqueeze(-1), rows.unsqueeze(0), float("-inf")).amax(1)
+        return where(member.any(1).unsqueeze(-1), big, 0)
+    if per_sample_weights is not None:
+        m = m * per_sample_weights.to(rows.dtype).reshape(1, -1)
+    out = m.matmul(rows)
+    if mode == "mean":
+        out = out / member.to(rows.dtype).sum(1, keepdim=True).maximum(1)
+    return out
+
+
+def alias_copy(input):
+    return input.contiguous()
+
+
+_COPIES = ("diagonal", "expand", "permute", "squeeze", "t", "transpose", "unsqueeze", "view", "unbind",
+           "unfold", "split_with_sizes", "narrow")
+for _name in _COPIES:
+    globals()[_name + "_copy"] = _copy_of(_name)
+del _name
+
+
 __all__ = [
     "arange", "full", "zeros", "ones", "zeros_like", "ones_like", "full_like", "cat", "concat", "concatenate",
     "stack", "where", "tril", "triu", "embedding", "softmax", "log_softmax", "linear", "layer_norm", "rms_norm",
-    "pad", "maximum", "minimum", "matmul", "einsum", "linspace", "logspace", "one_hot",
-] + list(_METHODS)
+    "pad", "maximum", "minimum", "matmul", "einsum", "linspace", "logspace", "one_hot", "constant_pad_nd",
+    "broadcast_shapes", "broadcast_tensors", "broadcast_to", "atleast_1d", "atleast_2d", "atleast_3d", "hstack",
+    "vstack", "row_stack", "dstack", "column_stack", "meshgrid", "eye", "scalar_tensor", "fill", "tril_indices",
+    "triu_indices", "block_diag", "cartesian_prod", "kron", "cdist", "trapezoid", "trapz", "cumulative_trapezoid",
+    "tensordot", "embedding_bag", "channel_shuffle", "bilinear", "pdist", "upsample_nearest", "upsample_bilinear",
+    "polygamma", "bucketize", "searchsorted", "unravel_index", "combinations",
+] + ["alias_copy"] + [n + "_copy" for n in _COPIES] + list(_METHODS)

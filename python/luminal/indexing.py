@@ -26,7 +26,7 @@ from . import dtypes as dt
 from .tensor import Tensor, _arange, _arange_along, _fmt, _scalar, broadcast_shapes
 
 __all__ = ["topk", "sort", "argsort", "msort", "kthvalue", "median", "scatter", "scatter_add", "scatter_reduce",
-           "index_add", "index_put", "index_fill", "masked_scatter", "take_along_dim"]
+           "index_add", "index_put", "index_fill", "masked_scatter", "take_along_dim", "index_reduce"]
 
 # torch.return_types.* look-alikes: tuples with .values and .indices.
 topk_result = namedtuple("topk", ["values", "indices"])
@@ -427,11 +427,12 @@ def masked_scatter(input: Tensor, mask: Tensor, source: Tensor) -> Tensor:
     Finding each position's source element is a cumulative count over all elements: quadratic in input.numel()."""
     if mask.dtype is not dt.bool_:
         raise TypeError(f"masked_scatter: mask must be bool, got {mask.dtype.name}")
-    try:
-        m = mask.expand_to(input.layout.shape)
+    try:  # torch broadcasts input and mask together
+        shape = broadcast_shapes(input.layout.shape, mask.layout.shape, "masked_scatter")
     except ValueError:
-        raise ValueError(f"masked_scatter: mask {_fmt(mask.shape)} cannot be broadcast to input "
+        raise ValueError(f"masked_scatter: mask {_fmt(mask.shape)} cannot be broadcast with input "
                          f"{_fmt(input.shape)}") from None
+    input, m = input.expand_to(shape), mask.expand_to(shape)
     mi = m.to(dt.int32).reshape(-1)
     pos = (mi.cumsum(0) - 1) * mi  # the source element of each masked position (0 elsewhere)
     taken = source.to(input.dtype).reshape(-1).gather(0, pos)
@@ -526,3 +527,19 @@ def advanced_index(x: Tensor, idx: tuple) -> Tensor:
         order = list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, out.ndim))
         out = out.permute(order)
     return out
+
+
+def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *,
+                 include_self: bool = True) -> Tensor:
+    """torch.index_reduce: source's slices i along dim combined ("prod", "mean", "amax", "amin") into input's
+    slices index[i]: scatter_reduce with the index broadcast over the slices."""
+    if reduce not in ("prod", "mean", "amax", "amin"):
+        raise ValueError(f"index_reduce: reduce must be 'prod', 'mean', 'amax' or 'amin', got {reduce!r}")
+    ax = input._axis(dim)
+    if index.ndim > 1:
+        raise ValueError(f"index_reduce: index must be 1-D, got shape {_fmt(index.shape)}")
+    if not input.ndim:
+        return scatter_reduce(input, 0, index.reshape(-1), source.reshape(-1), reduce, include_self)
+    src = source if source.ndim else source.reshape(1)
+    idx = index.reshape([-1] + [1] * (src.ndim - 1 - ax)) if index.ndim else index.reshape([1] * (src.ndim - ax))
+    return scatter_reduce(input, ax, idx.expand_to(src.layout.shape), src, reduce, include_self)

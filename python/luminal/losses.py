@@ -6,6 +6,8 @@ Class-index targets select their class through a comparison with the class ids (
 """
 from __future__ import annotations
 
+import math
+
 from . import dtypes as dt
 from .functional import where
 from .tensor import Tensor, _arange, _fmt, _scalar
@@ -13,6 +15,9 @@ from .tensor import Tensor, _arange, _fmt, _scalar
 __all__ = [
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "kl_div", "cosine_similarity", "normalize", "pairwise_distance",
+    "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss",
+    "cosine_embedding_loss", "multilabel_soft_margin_loss", "triplet_margin_loss", "triplet_margin_with_distance_loss",
+    "multi_margin_loss", "multilabel_margin_loss", "linear_cross_entropy",
 ]
 
 
@@ -221,3 +226,141 @@ def pairwise_distance(x1: Tensor, x2: Tensor, p: float = 2.0, eps: float = 1e-6,
     """||x1 - x2 + eps||_p along the last dim."""
     d = x1 - x2 + eps
     return d.norm(p, -1, keepdim)
+
+
+def soft_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """log(1 + exp(-y x))."""
+    return _reduce((-(target * input)).softplus(), reduction, "soft_margin_loss")
+
+
+def margin_ranking_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0,
+                        reduction: str = "mean") -> Tensor:
+    """max(0, -y (x1 - x2) + margin)."""
+    return _reduce((-target * (input1 - input2) + margin).clamp_min(0), reduction, "margin_ranking_loss")
+
+
+def hinge_embedding_loss(input: Tensor, target: Tensor, margin: float = 1.0, reduction: str = "mean") -> Tensor:
+    """x where y == 1, max(0, margin - x) where y == -1 (as torch: each term where y is not the other label)."""
+    loss = where(target.ne(1), (margin - input).clamp_min(0), 0) + where(target.ne(-1), input, 0)
+    return _reduce(loss, reduction, "hinge_embedding_loss")
+
+
+def poisson_nll_loss(input: Tensor, target: Tensor, log_input: bool = True, full: bool = False, eps: float = 1e-8,
+                     reduction: str = "mean") -> Tensor:
+    """exp(x) - t x (log_input), else x - t log(x + eps); full adds Stirling's term for t > 1."""
+    if log_input:
+        loss = input.exp() - target * input
+    else:
+        loss = input - target * (input + eps).log()
+    if full:
+        t = target._float()
+        stirling = t * t.log() - t + 0.5 * (2 * math.pi * t).log()
+        loss = loss + where(t.gt(1), stirling, 0)
+    return _reduce(loss, reduction, "poisson_nll_loss")
+
+
+def gaussian_nll_loss(input: Tensor, target: Tensor, var, full: bool = False, eps: float = 1e-6,
+                      reduction: str = "mean") -> Tensor:
+    """0.5 (log(max(var, eps)) + (x - t)^2 / max(var, eps)) (+ 0.5 log(2 pi) with full)."""
+    if not isinstance(var, Tensor):
+        var = input._const_like(float(var))
+    elif var.ndim == input.ndim - 1 and var.ndim and var.layout.shape == input.layout.shape[:-1]:
+        var = var.unsqueeze(-1)  # one variance per sample (torch's homoscedastic case)
+    v = var.clamp_min(eps)
+    loss = 0.5 * (v.log() + (input - target).square() / v)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return _reduce(loss, reduction, "gaussian_nll_loss")
+
+
+def cosine_embedding_loss(input1: Tensor, input2: Tensor, target: Tensor, margin: float = 0.0,
+                          reduction: str = "mean") -> Tensor:
+    """1 - cos(x1, x2) where y == 1, max(0, cos - margin) where y == -1 (cos over the last dim)."""
+    eps = 1e-12  # as torch, inside each squared magnitude
+    dot = (input1 * input2).sum(-1)
+    cos = dot / (((input1 * input1).sum(-1) + eps) * ((input2 * input2).sum(-1) + eps)).sqrt()
+    loss = where(target.eq(1), 1 - cos, 0) + where(target.eq(-1), (cos - margin).clamp_min(0), 0)
+    return _reduce(loss, reduction, "cosine_embedding_loss")
+
+
+def multilabel_soft_margin_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                reduction: str = "mean") -> Tensor:
+    """-(t log sigmoid(x) + (1 - t) log sigmoid(-x)), averaged over the classes (last dim)."""
+    loss = -(target * input.logsigmoid() + (1 - target) * (-input).logsigmoid())
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss.mean(-1), reduction, "multilabel_soft_margin_loss")
+
+
+def triplet_margin_with_distance_loss(anchor: Tensor, positive: Tensor, negative: Tensor, *, distance_function=None,
+                                      margin: float = 1.0, swap: bool = False, reduction: str = "mean") -> Tensor:
+    """max(d(a, p) - d(a, n) + margin, 0), d(a, n) the smaller of d(a, n) and d(p, n) with swap."""
+    d = distance_function or pairwise_distance
+    d_ap, d_an = d(anchor, positive), d(anchor, negative)
+    if swap:
+        d_an = d_an.minimum(d(positive, negative))
+    return _reduce((margin + d_ap - d_an).clamp_min(0), reduction, "triplet_margin_with_distance_loss")
+
+
+def triplet_margin_loss(anchor: Tensor, positive: Tensor, negative: Tensor, margin: float = 1.0, p: float = 2,
+                        eps: float = 1e-6, swap: bool = False, reduction: str = "mean") -> Tensor:
+    return triplet_margin_with_distance_loss(anchor, positive, negative,
+                                             distance_function=lambda a, b: pairwise_distance(a, b, p, eps),
+                                             margin=margin, swap=swap, reduction=reduction)
+
+
+def multi_margin_loss(input: Tensor, target: Tensor, p: int = 1, margin: float = 1.0, weight: Tensor | None = None,
+                      reduction: str = "mean") -> Tensor:
+    """sum over i != y of max(0, margin - x[y] + x[i])^p / C (times weight[y])."""
+    if p not in (1, 2):
+        raise ValueError(f"multi_margin_loss: p must be 1 or 2, got {p}")
+    single = input.ndim <= 1
+    x = input.reshape(1, -1) if single else input
+    t = target.reshape([1]) if single else target
+    if x.ndim != 2 or list(t.layout.shape) != [x.layout.shape[0]]:
+        raise ValueError(f"multi_margin_loss: input shape {_fmt(input.shape)} and target shape {_fmt(target.shape)} "
+                         "must be (N, C) and (N,)")
+    hit = _hits(x, t)
+    xy = where(hit, x, 0).sum(1, keepdim=True)
+    z = (margin - xy + x).clamp_min(0)
+    z = where(hit, 0, z * z if p == 2 else z)
+    if weight is not None:
+        z = z * (hit.to(x.dtype) * weight.to(x.dtype)).sum(1, keepdim=True)
+    loss = z.sum(1) / _scalar(x.graph, x.layout.shape[1], x.dtype)
+    return _reduce(loss.reshape([]) if single else loss, reduction, "multi_margin_loss")
+
+
+def multilabel_margin_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """For each sample, sum over its target classes j (target's entries before the first -1) and the classes i not
+    among them of max(0, 1 - (x[j] - x[i])), divided by C."""
+    single = input.ndim <= 1
+    x = input.reshape(1, -1) if single else input
+    t = target.reshape(1, -1) if single else target
+    if x.ndim != 2 or t.layout.shape != x.layout.shape:
+        raise ValueError(f"multilabel_margin_loss: input shape {_fmt(input.shape)} and target shape "
+                         f"{_fmt(target.shape)} must be equal, (C,) or (N, C)")
+    t = t.to(dt.int32)
+    valid = t.eq(-1).to(dt.int32).cumsum(1).eq(0)  # (N, J): before the first -1
+    c = x.layout.shape[1]
+    classes = _arange(x.graph, c)
+    named = (t.unsqueeze(-1).eq(classes) & valid.unsqueeze(-1)).any(1)  # (N, C): class i is a target
+    xt = x.gather(1, where(valid, t, 0))  # (N, J): x at each target
+    term = (1 - xt.unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0)  # (N, J, C)
+    keep = valid.unsqueeze(-1) & named.logical_not().unsqueeze(1)
+    loss = where(keep, term, 0).sum([1, 2]) / _scalar(x.graph, c, x.dtype)
+    return _reduce(loss.reshape([]) if single else loss, reduction, "multilabel_margin_loss")
+
+
+def linear_cross_entropy(input: Tensor, linear_weight: Tensor, target: Tensor, *, linear_bias: Tensor | None = None,
+                         weight: Tensor | None = None, reduction: str = "mean", ignore_index: int | None = None,
+                         label_smoothing: float = 0.0, options=None) -> Tensor:
+    """cross_entropy(linear(input, linear_weight, linear_bias), target, ...) (torch's chunking options only change
+    how torch schedules it)."""
+    # An N-D linear_weight (C, d..., in) gives logits (N, C, d...): cross_entropy's layout, class dim 1.
+    w = linear_weight
+    logits = input.linear(w.reshape(-1, w.layout.shape[-1]), None)
+    logits = logits.reshape(list(input.layout.shape[:-1]) + list(w.layout.shape[:-1]))
+    if linear_bias is not None:
+        logits = logits + linear_bias
+    return cross_entropy(logits, target, weight, -100 if ignore_index is None else ignore_index, reduction,
+                         label_smoothing)

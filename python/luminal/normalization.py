@@ -11,7 +11,8 @@ from . import dtypes as dt
 from .functional import layer_norm, rms_norm
 from .tensor import Tensor, _fmt
 
-__all__ = ["group_norm", "batch_norm", "instance_norm", "layer_norm", "rms_norm", "local_response_norm"]
+__all__ = ["group_norm", "batch_norm", "instance_norm", "layer_norm", "rms_norm", "local_response_norm",
+           "native_layer_norm", "native_group_norm", "native_batch_norm"]
 
 
 def _per_channel(t: Tensor | None, x: Tensor, what: str, op: str) -> Tensor | None:
@@ -115,3 +116,53 @@ def local_response_norm(input: Tensor, size: int, alpha: float = 1e-4, beta: flo
         total = part if total is None else total + part
     div = (total.transpose(1, -1) * (alpha / size) + k).pow(beta)
     return (x / div).to(input.dtype if input.dtype.is_float else dt.float32)
+
+
+def _stats(x: Tensor, dims, eps: float):
+    """(mean, 1 / sqrt(biased variance + eps)) over dims, in float32, kept as size-1 dims."""
+    f = x.float()
+    mean = f.mean(dims, keepdim=True)
+    d = f - mean
+    return mean, ((d * d).mean(dims, keepdim=True) + eps).rsqrt()
+
+
+def native_layer_norm(input: Tensor, normalized_shape, weight: Tensor | None, bias: Tensor | None, eps: float):
+    """torch.native_layer_norm: (output, mean, rstd), the statistics shaped like input with the normalised dims 1."""
+    nd = len(normalized_shape)
+    dims = list(range(input.ndim - nd, input.ndim))
+    mean, rstd = _stats(input, dims, eps)
+    y = (input.float() - mean) * rstd
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(input.dtype), mean.to(input.dtype), rstd.to(input.dtype)
+
+
+def native_group_norm(input: Tensor, weight: Tensor | None, bias: Tensor | None, N: int, C: int, HxW: int,
+                      group: int, eps: float):
+    """torch.native_group_norm: (output, mean, rstd), the statistics of shape (N, group)."""
+    g = input.reshape([input.layout.shape[0], group, -1])
+    mean, rstd = _stats(g, [2], eps)
+    y = ((g.float() - mean) * rstd).reshape(input.layout.shape)
+    y = _affine(y, input, weight, bias, "native_group_norm")
+    return y, mean.squeeze(-1).to(input.dtype), rstd.squeeze(-1).to(input.dtype)
+
+
+def native_batch_norm(input: Tensor, weight: Tensor | None, bias: Tensor | None, running_mean: Tensor | None,
+                      running_var: Tensor | None, training: bool, momentum: float, eps: float):
+    """torch.native_batch_norm: (output, saved mean, saved 1/std); the saved statistics are the batch's in training
+    (running_mean / running_var are not updated: a graph has no in-place state), else empty, as torch gives."""
+    dims = [0] + list(range(2, input.ndim))
+    if training or running_mean is None:
+        mean, rstd = _stats(input, dims, eps)
+        y = (input.float() - mean) * rstd
+        saved = mean.reshape(-1).to(input.dtype), rstd.reshape(-1).to(input.dtype)
+    else:
+        m = _per_channel(running_mean, input, "running_mean", "native_batch_norm")
+        v = _per_channel(running_var, input, "running_var", "native_batch_norm")
+        y = (input.float() - m) * (v + eps).rsqrt()
+        from .functional import zeros
+
+        saved = zeros((0,), input.dtype, graph=input.graph), zeros((0,), input.dtype, graph=input.graph)
+    return (_affine(y, input, weight, bias, "native_batch_norm"), *saved)

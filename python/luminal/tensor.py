@@ -31,6 +31,41 @@ class MinResult(NamedTuple):
     indices: "Tensor"
 
 
+class AminmaxResult(NamedTuple):
+    min: "Tensor"
+    max: "Tensor"
+
+
+class CummaxResult(NamedTuple):
+    values: "Tensor"
+    indices: "Tensor"
+
+
+class CumminResult(NamedTuple):
+    values: "Tensor"
+    indices: "Tensor"
+
+
+class MedianResult(NamedTuple):
+    values: "Tensor"
+    indices: "Tensor"
+
+
+class ModeResult(NamedTuple):
+    values: "Tensor"
+    indices: "Tensor"
+
+
+class HistogramResult(NamedTuple):
+    hist: "Tensor"
+    bin_edges: "Tensor"
+
+
+class FrexpResult(NamedTuple):
+    mantissa: "Tensor"
+    exponent: "Tensor"
+
+
 def _is_tensor(x) -> bool:
     return isinstance(x, Tensor)
 
@@ -185,8 +220,10 @@ class Tensor:
         if dim is None:
             return list(range(self.ndim))
         if isinstance(dim, (list, tuple)):
-            return sorted({self._axis(d) for d in dim})
-        return [self._axis(dim)]
+            dims = sorted({self._axis(d) for d in dim})
+        else:
+            dims = [self._axis(dim)]
+        return dims if self.ndim else []  # a 0-d tensor takes dim 0 / -1 as torch does: nothing to reduce
 
     def expand_to(self, shape) -> "Tensor":
         """Broadcasts to `shape` (a list of Exprs), adding leading dims as needed."""
@@ -440,8 +477,11 @@ class Tensor:
 
     def softplus(self, beta: float = 1.0, threshold: float = 20.0):
         # max(x, 0) + log(1 + exp(-|x|)): stable everywhere; equals x past the threshold to float precision.
+        from .functional import where
+
         x = self._float() * beta
-        return (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+        soft = (x.relu() + ((-x.abs()).exp() + 1).log()) * (1 / beta)
+        return where(x.gt(threshold), self._float(), soft)  # torch's linear region past the threshold
 
     def leaky_relu(self, negative_slope: float = 0.01):
         return self * (1 + (negative_slope - 1) * self.lt(0).to(self.dtype))
@@ -659,8 +699,10 @@ class Tensor:
 
     def prelu(self, weight: "Tensor"):
         """max(0, x) + weight * min(0, x), with one weight per channel (dim 1) or a single one."""
-        w = weight
-        if w.ndim != 1:
+        w = weight.reshape(1) if weight.ndim == 0 else weight
+        if self.ndim == 0:
+            w = w.reshape([])
+        elif w.ndim != 1:
             raise ValueError(f"prelu: weight must be 1-D, got shape {_fmt(weight.shape)}")
         if self.ndim >= 2 and w.layout.shape[0] != 1:
             if w.layout.shape[0] != self.layout.shape[1]:
@@ -728,28 +770,98 @@ class Tensor:
         return self.bool().to(dt.int32).lt(1)  # through bool: 0.5 and NaN are true
 
     def __invert__(self):
-        if self.dtype is not dt.bool_:
-            raise TypeError(f"~ needs a bool tensor, got {self.dtype.name}")
-        return self.logical_not()
+        if self.dtype is dt.bool_:
+            return self.logical_not()
+        if self.dtype is dt.int32:
+            from .functional import where
+
+            # two's complement: -(x + 1), except at the ends of the range, where x + 1 or the negation overflows
+            big = 2 ** 31 - 1
+            return where(self.eq(-big - 1), big, where(self.eq(big), -big - 1, -(self + 1)))
+        if self.dtype is dt.uint8:
+            return 255 - self
+        raise TypeError(f"~ needs a bool or integer tensor, got {self.dtype.name}")
+
+    bitwise_not = __invert__
+
+    def _bits(self) -> list["Tensor"]:
+        """The bits of an int32 (two's complement, 32) or uint8 (8) tensor, lowest first, as 0/1 of its dtype.
+        Bit k is (x floor-mod 2^(k+1)) >= 2^k: exact integer arithmetic, negative values included."""
+        n = 8 if self.dtype is dt.uint8 else 32
+        x = self.to(dt.int32)
+        bits = [x.remainder(2 ** (k + 1)).ge(2 ** k) for k in range(min(n, 30))]
+        if n == 32:  # x mod 2^31 does not fit int32: bit 30 from the sign, bit 31 is the sign
+            neg = x.lt(0)
+            bits.append((neg & x.ge(-2 ** 30)) | (~neg & x.ge(2 ** 30)))
+            bits.append(neg)
+        return [b.to(dt.int32) for b in bits]
+
+    def _bitwise(self, o, op: str, fn) -> "Tensor":
+        a, b = self._operands(o, op)
+        if a.dtype is dt.bool_:  # logical
+            return {"bitwise_and": a.logical_and, "bitwise_or": a.logical_or, "bitwise_xor": a.logical_xor}[op](b)
+        if a.dtype not in (dt.int32, dt.uint8):
+            raise TypeError(f"{op}: needs bool or integer tensors, got {a.dtype.name}")
+        out = None
+        for k, (x, y) in enumerate(zip(a._bits(), b._bits())):
+            bit = fn(x, y) * (-(2 ** 31) if k == 31 else 2 ** k)  # the sign bit first: the sum stays in range
+            out = bit if out is None else bit + out
+        return out.to(a.dtype)
 
     def __and__(self, o):
-        return self.bool()._binary("Mul", o.bool() if _is_tensor(o) else bool(o))
+        return self._bitwise(o, "bitwise_and", lambda x, y: x * y)
 
     def __or__(self, o):
-        return self.bool()._binary("Add", o.bool() if _is_tensor(o) else bool(o))
+        return self._bitwise(o, "bitwise_or", lambda x, y: x + y - x * y)
 
     def __xor__(self, o):
-        return self.logical_xor(o)
+        return self._bitwise(o, "bitwise_xor", lambda x, y: x + y - 2 * x * y)
+
+    def _shift(self, other, left: bool) -> "Tensor":
+        """x << s or x >> s (arithmetic) from the bits: bit k lands on k + s (or k - s) with the weight of that
+        position, two's complement for int32 (the top bit weighs -2^31), so the result wraps as torch's does."""
+        from .functional import where
+
+        op = "bitwise_left_shift" if left else "bitwise_right_shift"
+        a, b = self._operands(other, op)
+        if a.dtype not in (dt.int32, dt.uint8):
+            raise TypeError(f"{op}: needs integer tensors, got {a.dtype.name}")
+        top = 7 if a.dtype is dt.uint8 else 31
+        sh = b.to(dt.int32).clamp(0, top + 1 if left else top)
+        out = None
+        for k, bit in enumerate(a._bits()):
+            pos = sh + k if left else sh * -1 + k
+            w = (pos.clamp(0, 30).float().exp2().round()).to(dt.int32)  # 2^pos, exact for pos <= 30
+            w = where(pos.lt(0) | pos.gt(top), 0, w)
+            if top == 31:
+                w = where(pos.eq(31), -2 ** 31, w)
+            if top == 31 and k == 31 and not left:  # the sign bit fills the vacated top positions: -2^(31 - s)
+                w = -(((31 - sh).clamp(0, 30).float().exp2().round()).to(dt.int32))
+                w = where(sh.eq(0), -2 ** 31, w)  # 2^31 itself does not fit int32
+            term = bit * w
+            out = term if out is None else out + term
+        return out.to(a.dtype)
+
+    def bitwise_left_shift(self, other):
+        return self._shift(other, True)
+
+    def bitwise_right_shift(self, other):
+        return self._shift(other, False)
+
+    __lshift__, __rshift__ = bitwise_left_shift, bitwise_right_shift
+
+    __rand__, __ror__, __rxor__ = __and__, __or__, __xor__
+    bitwise_and, bitwise_or, bitwise_xor = __and__, __or__, __xor__
 
     def logical_and(self, other):
-        return self.bool() & (other.bool() if _is_tensor(other) else bool(other))
+        return self.bool()._binary("Mul", other.bool() if _is_tensor(other) else bool(other))
 
     def logical_or(self, other):
-        return self.bool() | (other.bool() if _is_tensor(other) else bool(other))
+        return self.bool()._binary("Add", other.bool() if _is_tensor(other) else bool(other))
 
     def logical_xor(self, other):
         a, b = self.bool(), (other.bool() if _is_tensor(other) else bool(other))
-        return (a | b) & ~(a & b)
+        return a.logical_or(b).logical_and(a.logical_and(b).logical_not())
 
     def maximum(self, o):
         a, b = self._operands(o, "maximum")
@@ -786,6 +898,10 @@ class Tensor:
         """`value` where mask is true, exactly (whatever the replaced values were)."""
         from .functional import where
 
+        if _is_tensor(value):
+            if value.ndim:
+                raise ValueError(f"masked_fill: value must be a number or a 0-d tensor, got shape {_fmt(value.shape)}")
+            return where(mask.bool(), value.to(self.dtype).expand_to(self.layout.shape), self)
         return where(mask.bool(), self._const_like(value), self)
 
     # ---- reductions ----------------------------------------------------------------------------------------------
@@ -835,10 +951,13 @@ class Tensor:
         return x.sum(dim, keepdim) / _scalar(self.graph, self._count(dim), x.dtype)
 
     def var(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
+        if isinstance(dim, bool):  # torch's var(input, unbiased)
+            dim, unbiased = None, dim
         corr = (1 if unbiased else 0) if correction is None else correction
         x = self._float()
         d = x - x.mean(dim, keepdim=True)
-        return (d * d).sum(dim, keepdim) / _scalar(self.graph, self._count(dim) - corr, x.dtype)
+        n = _scalar(self.graph, self._count(dim), dt.float32)
+        return (d * d).sum(dim, keepdim) / (n - corr).maximum(0).to(x.dtype)  # torch clamps the dof at 0
 
     def std(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
         return self.var(dim, unbiased, keepdim, correction).sqrt()
@@ -850,7 +969,13 @@ class Tensor:
         out = mag * (1 - 2 * negs.remainder(2).to(x.dtype))
         return out if self.dtype.is_float else out.round().to(self.dtype)
 
-    def round(self):
+    def round(self, decimals: int = 0):
+        if decimals:  # as torch: scale, round half to even, scale back
+            s = 10.0 ** abs(decimals)
+            x = self._float()
+            return (x * s).round() / s if decimals > 0 else (x / s).round() * s
+        if not self.dtype.is_float:
+            return self
         # Round half to even, as torch does.
         x = self._float()
         f = (x + 0.5).floor()
@@ -871,6 +996,8 @@ class Tensor:
             flat = x.reshape(-1)._arg(0, False, True)
             return flat.reshape([1] * self.ndim) if keepdim else flat
         ax = x._axis(dim)
+        if not self.ndim:
+            return self.graph.constant(0, dt.int32)
         n = x.layout.shape[ax]
         m = x.amax(ax, keepdim=True)
         idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
@@ -904,11 +1031,14 @@ class Tensor:
         out = (x - m).exp().sum(dim, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._dims(dim))
 
-    def cumsum(self, dim: int):
+    def cumsum(self, dim: int, dtype=None):
         ax = self._axis(dim)
-        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        x = self.to(dtype) if dtype else self
         if x.dtype in (dt.bool_, dt.uint8):
             x = x.to(dt.int32)
+        if not self.ndim:
+            return x
+        x = x.transpose(ax, -1) if ax != self.ndim - 1 else x
         n = x.layout.shape[-1]
         j = _arange(self.graph, n)
         keep = j.unsqueeze(0).le(j.unsqueeze(1)).to(x.dtype)  # keep[i, j] = j <= i
@@ -988,6 +1118,8 @@ class Tensor:
     def transpose(self, dim0: int, dim1: int) -> "Tensor":
         p = list(range(self.ndim))
         a, b = self._axis(dim0), self._axis(dim1)
+        if not self.ndim:
+            return self
         p[a], p[b] = p[b], p[a]
         return self.permute(p)
 
@@ -1083,6 +1215,16 @@ class Tensor:
         for i in range(len(pad) // 2):
             ax = self.ndim - 1 - i
             lo, hi = int(pad[2 * i]), int(pad[2 * i + 1])
+            n = x.layout.shape[ax]
+            if mode == "replicate" and (lo < 0 or hi < 0) and n.is_const():
+                # torch's replicate reads input[clamp(i - lo, 0, n - 1)], negative pads included
+                size = int(n) + lo + hi
+                if int(n) == 0 or size < 0:
+                    raise ValueError(f"pad: replicate padding ({lo}, {hi}) does not fit dim {ax} of shape "
+                                     f"{_fmt(self.shape)}")
+                src = (_arange(self.graph, size) - lo).clamp(0, int(n) - 1)
+                x = x.index_select(ax, src)
+                continue
             # Negative pads crop first; the edges then come from what is left (as torch does).
             x = x.narrow(ax, max(-lo, 0), x.layout.shape[ax] - max(-lo, 0) - max(-hi, 0))
             lo, hi = max(lo, 0), max(hi, 0)
@@ -1156,6 +1298,10 @@ class Tensor:
     def narrow(self, dim: int, start, length) -> "Tensor":
         ax = self._axis(dim)
         n = self.layout.shape[ax]
+        if _is_tensor(start):  # known only when the graph runs: gather the rows start, start + 1, ...
+            s0 = start.to(dt.int32).reshape([])
+            s0 = s0 + s0.lt(0).to(dt.int32) * _scalar(self.graph, n, dt.int32)
+            return self.index_select(ax, _arange(self.graph, length) + s0)
         start, length = _core.to_expr(start), _core.to_expr(length)
         if start.is_const() and int(start) < 0 and n.is_const():
             start = n + start
@@ -1250,6 +1396,9 @@ class Tensor:
     def __getitem__(self, idx) -> "Tensor":
         if not isinstance(idx, tuple):
             idx = (idx,)
+        if any(isinstance(i, list) for i in idx):  # a list of ints indexes like a tensor of them (a constant)
+            idx = tuple(self.graph.named(np.asarray(i, dtype=np.int32), dt.int32) if isinstance(i, list) else i
+                        for i in idx)
         if any(_is_tensor(i) for i in idx):  # torch's advanced indexing: negative indices wrap, on any dims
             from .indexing import advanced_index
 
@@ -1311,6 +1460,10 @@ class Tensor:
     # ---- gathers -------------------------------------------------------------------------------------------------
     def index_select(self, dim: int, index: "Tensor") -> "Tensor":
         ax = self._axis(dim)
+        if index.ndim == 0:
+            index = index.reshape(1)
+        if not self.ndim:  # torch reads a 0-d tensor as one element (the index must be 0)
+            return self.reshape(1).index_select(0, index).reshape([])
         if index.ndim != 1:
             raise ValueError(f"index_select: index must be 1-D, got shape {_fmt(index.shape)}")
         table = self.transpose(0, ax) if ax else self
@@ -1321,6 +1474,12 @@ class Tensor:
         """torch.index_copy: self with its slices index[i] along `dim` replaced by source's slices i (one Scatter).
         On a donated input (`set(array, donate=True)`) that nothing else reads, it updates the array in place."""
         ax = self._axis(dim)
+        if index.ndim == 0:
+            index = index.reshape(1)
+        if not self.ndim:
+            return self.reshape(1).index_copy(0, index, source.reshape(1)).reshape([])
+        if source.ndim == 0:
+            source = source.reshape(1)
         if index.ndim != 1:
             raise ValueError(f"index_copy: index must be 1-D, got shape {_fmt(index.shape)}")
         if source.dtype != self.dtype:
@@ -1333,6 +1492,8 @@ class Tensor:
     def gather(self, dim: int, index: "Tensor") -> "Tensor":
         """torch.gather: out[i][j][k] = self[i][index[i][j][k]][k] for dim=1."""
         ax = self._axis(dim)
+        if not self.ndim and index.ndim <= 1:  # torch reads a 0-d input as one element
+            return self.reshape(1).gather(0, index.reshape(-1)).reshape(index.layout.shape)
         if index.ndim != self.ndim:
             raise ValueError(f"gather: index shape {_fmt(index.shape)} and input shape {_fmt(self.shape)} "
                              "must have the same number of dims")
@@ -1467,7 +1628,8 @@ class Tensor:
         if eps is None:  # torch's default: the dtype's machine epsilon
             eps = float(np.finfo(np.float16 if x.dtype is dt.float16 else np.float32).eps) \
                 if x.dtype is not dt.bfloat16 else 2.0 ** -7
-        out = x * ((x * x).mean(dims, keepdim=True) + eps).rsqrt()
+        f = x.float()  # x * x overflows 16-bit floats past |x| = 256: torch computes in float32 too
+        out = (f * ((f * f).mean(dims, keepdim=True) + eps).rsqrt()).to(x.dtype)
         return out * weight if weight is not None else out
 
     def triu(self, diagonal: int = 0):
@@ -1479,6 +1641,887 @@ class Tensor:
         from .functional import tril
 
         return tril(self, diagonal)
+
+    # ---- more of torch's surface (compositions of the above) -------------------------------------------------------
+    # shape and views
+    def t(self):
+        if self.ndim > 2:
+            raise ValueError(f"t: expects a tensor with at most 2 dims, got shape {_fmt(self.shape)}")
+        return self.transpose(0, 1) if self.ndim == 2 else self
+
+    def select(self, dim: int, index) -> "Tensor":
+        ax = self._axis(dim)
+        if not self.ndim:
+            raise IndexError("select: a 0-d tensor has no dim to select from")
+        return self[(slice(None),) * ax + (index,)]
+
+    def slice(self, dim: int = 0, start=None, end=None, step: int = 1) -> "Tensor":
+        """torch.ops.aten.slice: self[..., start:end:step] along `dim`."""
+        ax = self._axis(dim)
+        return self[(slice(None),) * ax + (slice(start, end, step),)]
+
+    def ravel(self):
+        return self.reshape(-1)
+
+    def reshape_as(self, other):
+        return self.reshape(other.layout.shape)
+
+    def unflatten(self, dim: int, sizes) -> "Tensor":
+        ax = self._axis(dim)
+        shape = list(self.layout.shape)
+        sizes = list(sizes)
+        if sizes.count(-1) > 1:
+            raise ValueError("unflatten: only one size can be -1")
+        if -1 in sizes:
+            known = 1
+            for s_ in sizes:
+                if s_ != -1:
+                    known *= int(s_)
+            sizes[sizes.index(-1)] = shape[ax] // known if known else 0
+        return self.reshape(shape[:ax] + [_core.to_expr(s_) for s_ in sizes] + shape[ax + 1:])
+
+    def broadcast_to(self, size) -> "Tensor":
+        return self.expand(*size) if len(size) else self.expand_to([])
+
+    def sum_to_size(self, *size) -> "Tensor":
+        size = list(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple)) else list(size)
+        lead = self.ndim - len(size)
+        if lead < 0:
+            raise ValueError(f"sum_to_size: shape {_fmt(self.shape)} is not expandable to size {_fmt(size)}")
+        x = self.sum(list(range(lead))) if lead else self
+        dims = [i for i, s_ in enumerate(size) if int(s_) == 1 and x.layout.shape[i] != 1]
+        return x.sum(dims, keepdim=True) if dims else x
+
+    def new_full(self, size, fill_value, *, dtype=None):
+        from .functional import full
+
+        return full(tuple(size), fill_value, dtype or self.dtype, graph=self.graph)
+
+    def new_zeros(self, *size, dtype=None):
+        size = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple)) else size
+        return self.new_full(size, 0, dtype=dtype)
+
+    def new_ones(self, *size, dtype=None):
+        size = size[0] if len(size) == 1 and isinstance(size[0], (list, tuple)) else size
+        return self.new_full(size, 1, dtype=dtype)
+
+    def fill(self, value):
+        if _is_tensor(value):
+            return value.to(self.dtype).expand_to(self.layout.shape)
+        return self._const_like(value)
+
+    def byte(self):
+        return self.to(dt.uint8)
+
+    def long(self):
+        return self.to(dt.int32)  # luminal's widest integer
+
+    def positive(self):
+        return self
+
+    def fliplr(self):
+        if self.ndim < 2:
+            raise ValueError(f"fliplr: needs at least 2 dims, got shape {_fmt(self.shape)}")
+        return self.flip(1)
+
+    def flipud(self):
+        if self.ndim < 1:
+            raise ValueError("flipud: needs at least 1 dim, got a 0-d tensor")
+        return self.flip(0)
+
+    def rot90(self, k: int = 1, dims=(0, 1)) -> "Tensor":
+        if len(dims) != 2 or self.ndim < 2:
+            raise ValueError(f"rot90: needs two dims of a tensor with at least 2, got dims {dims} and shape "
+                             f"{_fmt(self.shape)}")
+        a, b = self._axis(dims[0]), self._axis(dims[1])
+        if a == b:
+            raise ValueError(f"rot90: dims must differ, got {dims}")
+        k %= 4
+        if k == 1:
+            return self.flip(b).transpose(a, b)
+        if k == 2:
+            return self.flip([a, b])
+        if k == 3:
+            return self.transpose(a, b).flip(b)
+        return self
+
+    def tensor_split(self, indices_or_sections, dim: int = 0) -> tuple:
+        ax = self._axis(dim)
+        n = self.layout.shape[ax]
+        if _is_tensor(indices_or_sections):
+            raise NotImplementedError("tensor_split: indices or sections in a tensor make the result's shapes depend "
+                                      "on the data; give ints")
+        if isinstance(indices_or_sections, (int, np.integer)):
+            k = int(indices_or_sections)
+            if k <= 0 or not n.is_const():
+                raise ValueError(f"tensor_split: sections must be positive and dim {dim} constant, got {k} for "
+                                 f"shape {_fmt(self.shape)}")
+            q, r = divmod(int(n), k)
+            bounds, at = [], 0
+            for i in range(k - 1):
+                at += q + (1 if i < r else 0)
+                bounds.append(at)
+        else:
+            bounds = [int(i) for i in indices_or_sections]
+        out, prev = [], 0
+        for b in bounds + [None]:
+            out.append(self[(slice(None),) * ax + (slice(prev, b),)])
+            prev = b if b is not None else prev
+        return tuple(out)
+
+    def _split_dim(self, sections, dim: int, op: str, need: int) -> tuple:
+        if self.ndim < need:
+            raise ValueError(f"{op}: needs at least {need} dims, got shape {_fmt(self.shape)}")
+        if isinstance(sections, (int, np.integer)):
+            n = self.layout.shape[dim]
+            if n.is_const() and int(n) % int(sections):
+                raise ValueError(f"{op}: dim {dim} of shape {_fmt(self.shape)} does not split into {sections} equal "
+                                 "parts")
+        return self.tensor_split(sections, dim)
+
+    def hsplit(self, sections):
+        return self._split_dim(sections, 1 if self.ndim > 1 else 0, "hsplit", 1)
+
+    def vsplit(self, sections):
+        return self._split_dim(sections, 0, "vsplit", 2)
+
+    def dsplit(self, sections):
+        return self._split_dim(sections, 2, "dsplit", 3)
+
+    def split_with_sizes(self, split_sizes, dim: int = 0):
+        return self.split(list(split_sizes), dim)
+
+    unsafe_split = split
+    unsafe_chunk = chunk
+
+    def unsafe_split_with_sizes(self, split_sizes, dim: int = 0):
+        return self.split(list(split_sizes), dim)
+
+    def unfold(self, dimension: int, size: int, step: int) -> "Tensor":
+        """Windows of `size` along `dimension` every `step`, as a new last dim."""
+        if not self.ndim:
+            return self.reshape(1)
+        ax = self._axis(dimension)
+        n = self.layout.shape[ax]
+        if not n.is_const() or size > int(n) or step <= 0:
+            raise ValueError(f"unfold: size {size} and step {step} do not fit dim {dimension} of shape "
+                             f"{_fmt(self.shape)}")
+        count = (int(n) - size) // step + 1
+        start = _arange(self.graph, count) * step
+        idx = (start.unsqueeze(1) + _arange(self.graph, size).unsqueeze(0)).reshape(-1)
+        out = self.index_select(ax, idx)
+        shape = list(self.layout.shape)
+        out = out.reshape(shape[:ax] + [_core.Expr(count), _core.Expr(size)] + shape[ax + 1:])
+        return out.movedim(ax + 1, -1)
+
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
+        a, b = self._axis(dim1), self._axis(dim2)
+        if a == b:
+            raise ValueError(f"diagonal: dim1 and dim2 must differ, got {dim1} and {dim2}")
+        x = self.movedim((a, b), (-2, -1))
+        rows, cols = x.layout.shape[-2], x.layout.shape[-1]
+        if not (rows.is_const() and cols.is_const()):
+            raise ValueError(f"diagonal: dims {dim1} and {dim2} of shape {_fmt(self.shape)} must be constant")
+        r0, c0 = max(-offset, 0), max(offset, 0)
+        n = max(min(int(rows) - r0, int(cols) - c0), 0)
+        i = _arange(self.graph, n)
+        flat = x.reshape(list(x.layout.shape[:-2]) + [rows * cols])
+        return flat.index_select(-1, (i + r0) * int(cols) + c0 + i)
+
+    def diag_embed(self, offset: int = 0, dim1: int = -2, dim2: int = -1) -> "Tensor":
+        from .functional import where
+
+        nd = self.ndim + 1
+        a, b = self._axis(dim1, nd), self._axis(dim2, nd)
+        if a == b:
+            raise ValueError(f"diag_embed: dim1 and dim2 must differ, got {dim1} and {dim2}")
+        n = self.layout.shape[-1]
+        m = n + abs(offset)
+        i = _arange(self.graph, m)
+        on = (i.unsqueeze(0) - i.unsqueeze(1)).eq(offset)  # [row, col]: col - row == offset
+        if offset >= 0:  # row i holds x[i]
+            vals = self.pad((0, offset)).unsqueeze(-1)
+        else:  # column j holds x[j]
+            vals = self.pad((0, -offset)).unsqueeze(-2)
+        out = where(on, vals, 0)
+        return out.movedim((-2, -1), (a, b))
+
+    def diag(self, diagonal: int = 0) -> "Tensor":
+        if self.ndim == 1:
+            return self.diag_embed(diagonal)
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        raise ValueError(f"diag: needs a 1-D or 2-D tensor, got shape {_fmt(self.shape)}")
+
+    def diagflat(self, offset: int = 0) -> "Tensor":
+        return self.reshape(-1).diag_embed(offset)
+
+    def trace(self):
+        if self.ndim != 2:
+            raise ValueError(f"trace: needs a 2-D tensor, got shape {_fmt(self.shape)}")
+        return self.diagonal().sum()
+
+    def _scatter_view(self, src: "Tensor", where_idx: tuple) -> "Tensor":
+        """self with the positions self[where_idx] (a basic-index view) replaced by src, exactly."""
+        from .functional import where
+
+        pos = _arange(self.graph, self.numel()).reshape(self.layout.shape)
+        hit = pos[where_idx]
+        ones = self._const_like(0, dt.int32).reshape(self.layout.shape)
+        # Mark the hit positions (a one-to-one gather back from the flat table built by index_copy).
+        mark = ones.reshape(-1).index_copy(0, hit.reshape(-1), hit.reshape(-1) * 0 + 1).reshape(self.layout.shape)
+        full = self.reshape(-1).index_copy(0, hit.reshape(-1), src.to(self.dtype).expand_to(hit.layout.shape)
+                                           .reshape(-1)).reshape(self.layout.shape)
+        return where(mark.bool(), full, self)
+
+    def slice_scatter(self, src: "Tensor", dim: int = 0, start=None, end=None, step: int = 1) -> "Tensor":
+        ax = self._axis(dim)
+        return self._scatter_view(src, (slice(None),) * ax + (slice(start, end, step),))
+
+    def select_scatter(self, src: "Tensor", dim: int, index: int) -> "Tensor":
+        ax = self._axis(dim)
+        return self._scatter_view(src, (slice(None),) * ax + (index,))
+
+    def diagonal_scatter(self, src: "Tensor", offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
+        pos = _arange(self.graph, self.numel()).reshape(self.layout.shape).diagonal(offset, dim1, dim2)
+        flat = self.reshape(-1).index_copy(0, pos.reshape(-1), src.to(self.dtype).expand_to(pos.layout.shape)
+                                           .reshape(-1))
+        return flat.reshape(self.layout.shape)
+
+    def take(self, index: "Tensor") -> "Tensor":
+        n = _scalar(self.graph, self.numel(), dt.int32)
+        i = index.to(dt.int32)
+        i = i + i.lt(0).to(dt.int32) * n  # negative indices count from the end
+        return self.reshape(-1).index_select(0, i.reshape(-1)).reshape(index.layout.shape)
+
+    # element-wise math
+    def addcmul(self, tensor1, tensor2, *, value=1):
+        return self + value * tensor1 * tensor2 if value != 1 else self + tensor1 * tensor2
+
+    def addcdiv(self, tensor1, tensor2, *, value=1):
+        return self + value * (tensor1 / tensor2)
+
+    def erfc(self):
+        def f(x):
+            # A&S 7.1.26's p(t) * exp(-x^2) is erfc(|x|) itself: no 1 - erf cancellation for large x.
+            a = x.abs()
+            t = (1 + 0.3275911 * a).reciprocal()
+            p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+            e = p * (-(a * a)).exp()
+            return e + x.lt(0).float() * (2 - 2 * e)
+        return self._in_f32(f)
+
+    def erfinv(self):
+        def f(x):
+            # Giles' single-precision approximation: two polynomials in w = -log(1 - x^2).
+            w = -((1 - x) * (1 + x)).log()
+            w1 = w - 2.5
+            p1 = 2.81022636e-08
+            for c in (3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087, -0.00125372503,
+                      -0.00417768164, 0.246640727, 1.50140941):
+                p1 = p1 * w1 + c
+            w2 = w.sqrt() - 3
+            p2 = -0.000200214257
+            for c in (0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773, -0.0076224613,
+                      0.00943887047, 1.00167406, 2.83297682):
+                p2 = p2 * w2 + c
+            from .functional import where
+
+            y = where(w.lt(5), p1, p2) * x
+            return where(x.abs().eq(1), x * float("inf"), y)  # +-1: the polynomials would give inf - inf
+        return self._in_f32(f)
+
+    def logaddexp(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "logaddexp")
+        a, b = a._float(), b._float()
+        m = a.maximum(b)
+        return where(a.eq(b), a + LN_2, m + (-(a - b).abs()).exp().log1p())  # equal infinities: no inf - inf
+
+    def logaddexp2(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "logaddexp2")
+        a, b = a._float(), b._float()
+        m = a.maximum(b)
+        return where(a.eq(b), a + 1, m + (-(a - b).abs()).exp2().log1p() * LOG2_E)
+
+    def xlogy(self, other):
+        from .functional import where
+
+        if not _is_tensor(other):
+            other = _scalar(self.graph, 0, dt.float32) + other
+        x, y = self._operands(other, "xlogy")
+        x, y = x._float(), y._float()
+        return where(x.eq(0) & ~y.isnan(), 0.0, x * y.log())
+
+    def hypot(self, other):
+        a, b = self._operands(other, "hypot")
+        return (a * a + b * b).sqrt()
+
+    def fmax(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "fmax")
+        return where(b.isnan(), a, where(a.isnan(), b, a.maximum(b)))
+
+    def fmin(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "fmin")
+        return where(b.isnan(), a, where(a.isnan(), b, a.minimum(b)))
+
+    def signbit(self):
+        if not self.dtype.is_float:
+            return self.lt(0)
+        return self.lt(0) | (self.eq(0) & self.reciprocal().lt(0))  # -0.0: 1 / -0 = -inf
+
+    def copysign(self, other):
+        a, b = self._operands(other, "copysign")
+        a = a._float()
+        neg = (b.signbit() if _is_tensor(other) else b.lt(0)).to(a.dtype)
+        return a.abs() * (1 - 2 * neg)
+
+    def sinc(self):
+        def f(x):
+            px = x * math.pi
+            zero = x.eq(0).float()
+            return px.sin() / (px + zero) * (1 - zero) + zero
+        return self._in_f32(f)
+
+    def sgn(self):
+        return self.sign()
+
+    def deg2rad(self):
+        return self._float() * (math.pi / 180)
+
+    def rad2deg(self):
+        return self._float() * (180 / math.pi)
+
+    def isclose(self, other, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False):
+        a, b = self._operands(other, "isclose")
+        if not a.dtype.is_float:
+            a, b = a.float(), b.float()
+        close = a.eq(b) | (a - b).abs().le(atol + rtol * b.abs())
+        return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+    def float_power(self, exponent):
+        return self.float().pow(exponent.float() if _is_tensor(exponent) else exponent)
+
+    # reductions and scans
+    def nansum(self, dim=None, keepdim: bool = False, dtype=None):
+        x = self.to(dtype) if dtype else self
+        from .functional import where
+
+        return (where(x.isnan(), 0, x) if x.dtype.is_float else x).sum(dim, keepdim)
+
+    def nanmean(self, dim=None, keepdim: bool = False, dtype=None):
+        x = (self.to(dtype) if dtype else self)._float()
+        n = (~x.isnan()).to(x.dtype).sum(dim, keepdim)
+        return x.nansum(dim, keepdim) / n
+
+    def var_mean(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        return self.var(dim, unbiased, keepdim, correction), self.mean(dim, keepdim)
+
+    def std_mean(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
+        if isinstance(dim, bool):
+            dim, unbiased = None, dim
+        return self.std(dim, unbiased, keepdim, correction), self.mean(dim, keepdim)
+
+    def aminmax(self, *, dim=None, keepdim: bool = False):
+        return AminmaxResult(self.amin(dim, keepdim), self.amax(dim, keepdim))
+
+    def count_nonzero(self, dim=None):
+        return self.ne(0).to(dt.int32).sum(dim)
+
+    def _cum_ext(self, dim: int, largest: bool):
+        """(values, indices) of the running max (min) along dim: the last index of the best so far, as torch."""
+        from .functional import where
+
+        ax = self._axis(dim)
+        if not self.ndim:
+            return self, self._const_like(0, dt.int32)
+        x = self.transpose(ax, -1) if ax != self.ndim - 1 else self
+        n = x.layout.shape[-1]
+        j = _arange(self.graph, n)
+        keep = j.unsqueeze(0).le(j.unsqueeze(1))  # keep[i, j] = j <= i
+        xs = x.unsqueeze(-2).expand_to(list(x.layout.shape[:-1]) + [n, n])
+        worst = float("-inf") if largest else float("inf")
+        if not x.dtype.is_float:
+            worst = -2 ** 31 if largest else 2 ** 31 - 1
+        masked = where(keep, xs, worst)
+        nan = masked.isnan().to(dt.int32).amax(-1, keepdim=True).bool()  # a NaN so far wins
+        vals = masked.amax(-1, keepdim=True) if largest else masked.amin(-1, keepdim=True)
+        hit = keep & (masked.eq(vals) | (masked.isnan() & nan) if x.dtype.is_float else masked.eq(vals))
+        idx = (hit.to(dt.int32) * (j + 1)).amax(-1) - 1
+        vals = where(nan, float("nan"), vals).squeeze(-1) if x.dtype.is_float else vals.squeeze(-1)
+        vals = vals.to(self.dtype)
+        if ax != self.ndim - 1:
+            vals, idx = vals.transpose(ax, -1), idx.transpose(ax, -1)
+        return vals, idx
+
+    def cummax(self, dim: int):
+        return CummaxResult(*self._cum_ext(dim, True))
+
+    def cummin(self, dim: int):
+        return CumminResult(*self._cum_ext(dim, False))
+
+    def logcumsumexp(self, dim: int):
+        from .functional import where
+
+        ax = self._axis(dim)
+        x = self._float()
+        if not self.ndim:
+            return x
+        x = x.transpose(ax, -1) if ax != self.ndim - 1 else x
+        n = x.layout.shape[-1]
+        j = _arange(self.graph, n)
+        keep = j.unsqueeze(0).le(j.unsqueeze(1))
+        xs = x.unsqueeze(-2).expand_to(list(x.layout.shape[:-1]) + [n, n])
+        out = where(keep, xs, float("-inf")).float().logsumexp(-1).to(x.dtype)  # per prefix: no underflow
+        return out.transpose(ax, -1) if ax != self.ndim - 1 else out
+
+    def diff(self, n: int = 1, dim: int = -1, prepend=None, append=None) -> "Tensor":
+        from .functional import cat
+
+        ax = self._axis(dim)
+        parts = [p if p.ndim else p.expand_to([*self.layout.shape[:ax], _core.Expr(1), *self.layout.shape[ax + 1:]])
+                 for p in (prepend, self, append) if p is not None]
+        x = cat(parts, ax) if len(parts) > 1 else self
+        for _ in range(n):
+            m = x.layout.shape[ax]
+            if m.is_const() and int(m) == 0:
+                break
+            hi, lo = x.narrow(ax, 1, m - 1), x.narrow(ax, 0, m - 1)
+            x = hi.logical_xor(lo) if x.dtype is dt.bool_ else hi - lo
+        return x
+
+    def dist(self, other, p: float = 2):
+        return (self - other).norm(p)
+
+    def renorm(self, p: float, dim: int, maxnorm: float) -> "Tensor":
+        from .functional import where
+
+        ax = self._axis(dim)
+        others = [d for d in range(self.ndim) if d != ax]
+        x = self._float()
+        norm = x.float().norm(p, others, keepdim=True) if others else x.float().abs()
+        scale = where(norm.gt(maxnorm), maxnorm / (norm + 1e-7), 1.0)
+        return (x * scale.to(x.dtype))
+
+    def cross(self, other, dim=None) -> "Tensor":
+        a, b = self._operands(other, "cross")
+        if dim is None:
+            dim = next((i for i, d in enumerate(a.layout.shape) if d == 3), None)
+            if dim is None:
+                raise ValueError(f"cross: no dim of size 3 in shape {_fmt(a.shape)}")
+        ax = a._axis(dim)
+        a0, a1, a2 = a.unbind(ax)
+        b0, b1, b2 = b.unbind(ax)
+        from .functional import stack
+
+        return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], ax)
+
+    def inner(self, other):
+        if not self.ndim or not other.ndim:
+            return self * other
+        return (self.reshape(list(self.layout.shape[:-1]) + [_core.Expr(1)] * (other.ndim - 1) +
+                             [self.layout.shape[-1]]) * other.movedim(-1, -1)).sum(-1)
+
+    def addr(self, vec1, vec2, *, beta=1, alpha=1):
+        return self._plus_product(vec1.outer(vec2), beta, alpha, "addr")
+
+    def kron(self, other) -> "Tensor":
+        n = max(self.ndim, other.ndim)
+        a = self.reshape([1] * (n - self.ndim) + list(self.layout.shape))
+        b = other.reshape([1] * (n - other.ndim) + list(other.layout.shape))
+        # (a0, 1, a1, 1, ..) * (1, b0, 1, b1, ..), then merge each pair
+        ai = a.reshape([d for s_ in a.layout.shape for d in (s_, _core.Expr(1))])
+        bi = b.reshape([d for s_ in b.layout.shape for d in (_core.Expr(1), s_)])
+        return (ai * bi).reshape([x * y for x, y in zip(a.layout.shape, b.layout.shape)])
+
+    def cov(self, *, correction: int = 1, fweights=None, aweights=None):
+        """torch.cov: rows are variables, columns observations (weighted by fweights * aweights)."""
+        x = self._float()
+        if aweights is not None and aweights.dtype.is_float:  # float weights promote, as torch
+            x = x.to(dt.result_type(x.dtype, aweights.dtype))
+        x = x.reshape(1, -1) if x.ndim < 2 else x
+        n = x.layout.shape[1]
+        w = None
+        for v in (fweights, aweights):
+            if v is not None:
+                w = v.to(x.dtype) if w is None else w * v.to(x.dtype)
+        if w is None:
+            d = x - x.mean(1, keepdim=True)
+            norm = (_scalar(self.graph, n, dt.float32) - correction).to(x.dtype)
+            c = d.matmul(d.T)
+        else:
+            sw = w.sum()
+            d = x - (x * w).sum(1, keepdim=True) / sw
+            norm = sw - (correction * (w * aweights.to(x.dtype)).sum() / sw if aweights is not None else correction)
+            c = (d * w).matmul(d.T)
+        c = c / norm.maximum(0)
+        return c.reshape([]) if x.layout.shape[0] == 1 else c
+
+    def corrcoef(self):
+        c = self.cov()
+        if not c.ndim:
+            return c / c
+        s = c.diagonal().sqrt()
+        return (c / s.unsqueeze(1) / s.unsqueeze(0)).clamp(-1, 1)
+
+    # special functions (float32 inside; accurate to float32 tolerance)
+    def lgamma(self):
+        def pos(y):  # y > 0: Stirling's series at y + 8, shifted back by the recurrence
+            z = y + 8
+            s = (z - 0.5) * z.log() - z + 0.5 * math.log(2 * math.pi)
+            r = z.reciprocal()
+            r2 = r * r
+            s = s + r * (1 / 12 + r2 * (-1 / 360 + r2 * (1 / 1260 - r2 / 1680)))
+            prod = y
+            for k in range(1, 8):
+                prod = prod * (y + k)
+            return s - prod.log()
+
+        def f(x):
+            from .functional import where
+
+            neg = x.lt(0.5)
+            y = where(neg, 1 - x, x)  # reflection: lgamma(x) = log(pi / |sin(pi x)|) - lgamma(1 - x)
+            g = pos(y)
+            # sin(pi x) with x reduced to [-1, 1] first: its period keeps large |x| accurate
+            refl = math.log(math.pi) - (x.remainder(2) * math.pi).sin().abs().log() - g
+            pole = x.le(0) & x.eq(x.floor())
+            return where(pole, float("inf"), where(neg, refl, g))
+        return self._in_f32(f)
+
+    def digamma(self):
+        def pos(y):  # y > 0: the asymptotic series at y + 8, minus 1/(y + k) for the shift
+            z = y + 8
+            r = z.reciprocal()
+            r2 = r * r
+            s = z.log() - 0.5 * r - r2 * (1 / 12 - r2 * (1 / 120 - r2 * (1 / 252 - r2 / 240)))
+            for k in range(8):
+                s = s - (y + k).reciprocal()
+            return s
+
+        def f(x):
+            from .functional import where
+
+            neg = x.lt(0.5)
+            y = where(neg, 1 - x, x)  # reflection: psi(x) = psi(1 - x) - pi / tan(pi x)
+            g = pos(y)
+            t = x.remainder(1) * math.pi  # tan has period pi
+            refl = g - math.pi * t.cos() / t.sin()
+            out = where(neg, refl, g)
+            out = where(x.eq(0), float("-inf"), out)
+            return where(x.lt(0) & x.eq(x.floor()), float("nan"), out)
+        return self._in_f32(f)
+
+    def polygamma(self, n: int):
+        """polygamma(n, x); for n >= 1 the series at x + 24 and the recurrence: accurate for x > -16."""
+        if n == 0:
+            return self.digamma()
+        if n < 0:
+            raise ValueError(f"polygamma: n must be non-negative, got {n}")
+
+        def f(x):
+            k0 = 24
+            z = x + k0
+            r = z.reciprocal()
+            fact = math.factorial
+            # (n-1)!/z^n + n!/(2 z^(n+1)) + sum_k B_2k (2k+n-1)! / ((2k)! z^(2k+n))
+            s = fact(n - 1) * r.pow(n) + fact(n) * 0.5 * r.pow(n + 1)
+            for k, b in ((1, 1 / 6), (2, -1 / 30), (3, 1 / 42), (4, -1 / 30), (5, 5 / 66)):
+                s = s + b * fact(2 * k + n - 1) / fact(2 * k) * r.pow(2 * k + n)
+            for k in range(k0):
+                s = s + fact(n) * (x + k).reciprocal().pow(n + 1)
+            return s * (1 if n % 2 else -1)
+        return self._in_f32(f)
+
+    def mvlgamma(self, p: int):
+        x = self._float()
+        out = x.lgamma()
+        for j in range(1, p):
+            out = out + (x - j / 2).lgamma()
+        return out + p * (p - 1) / 4 * math.log(math.pi)
+
+    def i0(self):
+        def f(x):
+            from .functional import where
+
+            a = x.abs()
+            t = (a / 3.75).square()  # A&S 9.8.1 below 3.75, 9.8.2 above
+            small = 1 + t * (3.5156229 + t * (3.0899424 + t * (1.2067492 + t * (0.2659732 + t * (
+                0.0360768 + t * 0.0045813)))))
+            u = 3.75 / a.maximum(3.75)
+            big = 0.39894228 + u * (0.01328592 + u * (0.00225319 + u * (-0.00157565 + u * (0.00916281 + u * (
+                -0.02057706 + u * (0.02635537 + u * (-0.01647633 + u * 0.00392377)))))))
+            big = big * (a.maximum(3.75).exp() * a.maximum(3.75).rsqrt())
+            return where(a.lt(3.75), small, big)
+        return self._in_f32(f)
+
+    def gcd(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "gcd")
+        if a.dtype.is_float or a.dtype is dt.bool_:
+            raise TypeError(f"gcd: needs integer tensors, got {a.dtype.name}")
+        a, b = a.abs(), b.abs()
+        for _ in range(46):  # Euclid's steps: consecutive Fibonacci numbers below 2^31 take 45
+            zero = b.eq(0)
+            r = a.fmod(where(zero, 1, b))
+            a, b = where(zero, a, b), where(zero, 0, r)
+        return a
+
+    def lcm(self, other):
+        from .functional import where
+
+        a, b = self._operands(other, "lcm")
+        g = a.gcd(b)
+        return where(g.eq(0), 0, (a // where(g.eq(0), 1, g) * b).abs())
+
+    def ldexp(self, other):
+        """self * 2^other."""
+        x = self._float()
+        if not _is_tensor(other):
+            return x * 2.0 ** other
+        t = dt.result_type(x.dtype, other.dtype) if other.dtype.is_float else x.dtype
+        return x.to(t) * other.float().exp2().to(t)
+
+    def isin(self, test_elements, *, assume_unique: bool = False, invert: bool = False):
+        if _is_tensor(test_elements):
+            t = test_elements.reshape(-1)
+            hit = self.unsqueeze(-1).eq(t).any(-1)
+        else:
+            hit = self.eq(test_elements)
+        return hit.logical_not() if invert else hit
+
+    def put(self, index, source, accumulate: bool = False):
+        n = _scalar(self.graph, self.numel(), dt.int32)
+        i = index.to(dt.int32).reshape(-1)
+        i = i + i.lt(0).to(dt.int32) * n
+        flat, src = self.reshape(-1), source.to(self.dtype).reshape(-1)
+        out = flat.index_add(0, i, src) if accumulate else flat.index_copy(0, i, src)
+        return out.reshape(self.layout.shape)
+
+    def histc(self, bins: int = 100, min: float = 0, max: float = 0):
+        """Counts in `bins` equal bins over [min, max] (the data's range when both are 0); values outside are
+        left out, the top edge falls in the last bin."""
+        x = self._float().reshape(-1)
+        if min == max:
+            lo, hi = x.amin(), x.amax()
+            same = hi.eq(lo).to(x.dtype)
+            lo, hi = lo - same, hi + same
+        else:
+            lo, hi = min, max
+        pos = ((x - lo) * bins / (hi - lo)).floor().to(dt.int32).clamp(0, bins - 1)
+        inside = x.ge(lo) & x.le(hi)
+        idx = _arange(self.graph, bins)
+        return (pos.unsqueeze(-1).eq(idx) & inside.unsqueeze(-1)).to(x.dtype).sum(0)
+
+    def _quantile(self, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool, op: str) -> "Tensor":
+        from .functional import where
+
+        if interpolation not in ("linear", "lower", "higher", "midpoint", "nearest"):
+            raise ValueError(f"{op}: interpolation must be linear, lower, higher, midpoint or nearest, got "
+                             f"{interpolation!r}")
+        x = self._float()
+        if dim is None:
+            x, ax = x.reshape(-1), 0
+        else:
+            ax = self._axis(dim)
+            if not x.ndim:
+                x = x.reshape(1)
+        s = x.movedim(ax, -1).sort(-1)[0]  # NaN sorts last
+        nan = s.isnan().to(dt.int32)
+        n = _scalar(self.graph, s.layout.shape[-1], x.dtype)
+        cnt = n - nan.sum(-1, keepdim=True).to(x.dtype) if ignore_nan else n.expand_to(
+            list(s.layout.shape[:-1]) + [_core.Expr(1)])
+        scalar_q = not _is_tensor(q)
+        qt = (self.graph.constant(float(q), x.dtype) if scalar_q else q.to(x.dtype)).reshape(-1)
+        k = qt.layout.shape[0]
+        lead = [k] + list(s.layout.shape)
+        qb = qt.reshape([k] + [1] * s.ndim)
+        pos = qb * (cnt - 1).maximum(0)  # (k, ..., 1)
+        lo, hi = pos.floor(), pos.ceil()
+        if interpolation == "nearest":
+            lo = hi = pos.round()
+        se = s.unsqueeze(0).expand_to(lead)
+        vlo = se.gather(-1, lo.to(dt.int32).expand_to(lead[:-1] + [_core.Expr(1)]))
+        vhi = se.gather(-1, hi.to(dt.int32).expand_to(lead[:-1] + [_core.Expr(1)]))
+        if interpolation in ("lower", "nearest"):
+            out = vlo
+        elif interpolation == "higher":
+            out = vhi
+        elif interpolation == "midpoint":
+            out = (vlo + vhi) * 0.5
+        else:
+            out = vlo + (vhi - vlo) * (pos - lo)
+        bad = cnt.eq(0) if ignore_nan else nan.amax(-1, keepdim=True).bool()  # all NaN / any NaN: NaN
+        out = where(bad.unsqueeze(0), float("nan"), out).squeeze(-1)  # (k, ...)
+        if keepdim:
+            if dim is None:
+                out = out.reshape([k] + [1] * self.ndim)
+            elif self.ndim:
+                out = out.unsqueeze(ax + 1)
+        return out.squeeze(0) if scalar_q else out
+
+    def quantile(self, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear"):
+        return self._quantile(q, dim, keepdim, interpolation, False, "quantile")
+
+    def nanquantile(self, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear"):
+        return self._quantile(q, dim, keepdim, interpolation, True, "nanquantile")
+
+    def nanmedian(self, dim=None, keepdim: bool = False):
+        """The lower median of the values that are not NaN (NaN where all are); with dim, (values, indices)."""
+        from .functional import where
+
+        if dim is None:
+            return self.reshape(-1).nanmedian(0)[0].reshape([1] * self.ndim if keepdim else [])
+        ax = self._axis(dim)
+        if not self.ndim:
+            return MedianResult(self, self._const_like(0, dt.int32))
+        x = self.movedim(ax, -1)
+        vals, idx = x.sort(-1)
+        cnt = (~x.isnan()).to(dt.int32).sum(-1, keepdim=True)
+        k = ((cnt - 1).maximum(0) // 2)
+        v, i = vals.gather(-1, k), idx.gather(-1, k)
+        v = where(cnt.eq(0), float("nan"), v) if x.dtype.is_float else v
+        v, i = v.squeeze(-1), i.squeeze(-1)
+        if keepdim:
+            v, i = v.unsqueeze(ax), i.unsqueeze(ax)
+        return MedianResult(v, i)
+
+    def frexp(self):
+        """(mantissa in [0.5, 1), int32 exponent) with self = mantissa * 2^exponent; 0, inf and NaN give
+        themselves and exponent 0."""
+        from .functional import where
+
+        x = self._float().float()
+        a = x.abs()
+        finite = x.isfinite() & x.ne(0)
+        e = where(finite, a, 1.0).log2().floor() + 1
+        m = x * (-e).exp2()
+        # log2 rounding near a power of two: move one step where the mantissa left [0.5, 1)
+        up, down = m.abs().ge(1), m.abs().lt(0.5)
+        e = e + up.float() - down.float()
+        m = where(up, m * 0.5, where(down, m * 2, m))
+        return FrexpResult(where(finite, m, x).to(self._float().dtype), where(finite, e, 0.0).to(dt.int32))
+
+    def index_reduce(self, *a, **k):
+        from .indexing import index_reduce
+
+        return index_reduce(self, *a, **k)
+
+    def mode(self, dim: int = -1, keepdim: bool = False):
+        """The most frequent value along dim (the smallest among equally frequent ones) and an index of it (the
+        last, as torch's CPU kernel gives). O(n^2) comparisons per row."""
+        from .functional import where
+
+        ax = self._axis(dim)
+        if not self.ndim:
+            return ModeResult(self, self._const_like(0, dt.int32))
+        x = self.movedim(ax, -1)
+        same = x.unsqueeze(-1).eq(x.unsqueeze(-2))  # (..., n, n)
+        count = same.to(dt.int32).sum(-1)
+        best = count.eq(count.amax(-1, keepdim=True))
+        big = float("inf") if x.dtype.is_float else 2 ** 31 - 1
+        val = where(best, x, big).amin(-1, keepdim=True)
+        n = x.layout.shape[-1]
+        idx = (x.eq(val).to(dt.int32) * (_arange(self.graph, n) + 1)).amax(-1, keepdim=True) - 1
+        val, idx = val.squeeze(-1), idx.squeeze(-1)
+        if keepdim:
+            val, idx = val.unsqueeze(ax), idx.unsqueeze(ax)
+        return ModeResult(val, idx)
+
+    def histogram(self, bins=100, *, range=None, weight=None, density: bool = False):
+        """(hist, bin_edges) over `bins` equal bins of range (the data's min and max by default)."""
+        x = self._float().reshape(-1)
+        if _is_tensor(bins):  # the edges themselves: the bin is the number of inner edges at or below x
+            edges = bins.to(x.dtype).reshape(-1)
+            k = edges.layout.shape[0] - 1
+            pos = x.unsqueeze(-1).ge(edges.narrow(0, 1, k - 1)).to(dt.int32).sum(-1)
+            inside = (x.ge(edges.narrow(0, 0, 1).reshape([])) & x.le(edges.narrow(0, k, 1).reshape([])))
+            w = inside.to(x.dtype) if weight is None else inside.to(x.dtype) * weight.to(x.dtype).reshape(-1)
+            hist = (pos.unsqueeze(-1).eq(_arange(self.graph, k)).to(x.dtype) * w.unsqueeze(-1)).sum(0)
+            if density:
+                hist = hist / (hist.sum() * edges.diff())
+            return HistogramResult(hist, edges)
+        if range is None:
+            lo, hi = x.amin(), x.amax()
+            same = hi.eq(lo).to(x.dtype)
+            lo, hi = lo - 0.5 * same, hi + 0.5 * same  # torch widens an empty range by 1/2 each side
+        else:
+            lo, hi = (self.graph.constant(float(v), x.dtype) for v in range)
+        i = _arange(self.graph, bins + 1).to(x.dtype)
+        edges = lo + (hi - lo) * (i / bins)
+        pos = ((x - lo) * bins / (hi - lo)).floor().to(dt.int32).clamp(0, bins - 1)
+        inside = (x.ge(lo) & x.le(hi)).to(x.dtype)
+        w = inside if weight is None else inside * weight.to(x.dtype).reshape(-1)
+        hist = (pos.unsqueeze(-1).eq(_arange(self.graph, bins)).to(x.dtype) * w.unsqueeze(-1)).sum(0)
+        if density:
+            hist = hist / (hist.sum() * ((hi - lo) / bins))
+        return HistogramResult(hist, edges)
+
+    def gradient(self, *, spacing=None, dim=None, edge_order: int = 1):
+        """torch.gradient: spacing a number, one per dim, or 1-D coordinate tensors per dim; central differences
+        inside, one-sided ones of order edge_order at the ends."""
+        dims = list(range(self.ndim)) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+        if spacing is None:
+            hs = [1.0] * len(dims)
+        elif isinstance(spacing, (int, float)):
+            hs = [float(spacing)] * len(dims)
+        else:
+            hs = list(spacing)
+            if len(hs) != len(dims):
+                hs = hs[:1] * len(dims)
+            hs = [h if _is_tensor(h) else float(h) for h in hs]
+        from .functional import cat
+
+        x = self._float()
+        out = []
+        for d, h in zip(dims, hs):
+            ax = self._axis(d)
+            n = x.layout.shape[ax]
+            if not n.is_const() or int(n) < edge_order + 1:
+                raise ValueError(f"gradient: dim {d} of shape {_fmt(self.shape)} needs at least {edge_order + 1} "
+                                 "elements")
+            n = int(n)
+
+            def at(i, k=1):
+                return x.narrow(ax, i, k)
+            if _is_tensor(h):  # coordinates along the dim: the second-order formulas for uneven steps
+                c = h.to(x.dtype).reshape([n] + [1] * (x.ndim - 1 - ax))
+
+                def xc(i, k=1):
+                    return c.narrow(0, i, k)
+                hl, hr = xc(1, n - 2) - xc(0, n - 2), xc(2, n - 2) - xc(1, n - 2)
+                mid = (-hr / (hl * (hl + hr))) * at(0, n - 2) + ((hr - hl) / (hl * hr)) * at(1, n - 2) + \
+                    (hl / (hr * (hl + hr))) * at(2, n - 2)
+                if edge_order == 1:
+                    first = (at(1) - at(0)) / (xc(1) - xc(0))
+                    last = (at(n - 1) - at(n - 2)) / (xc(n - 1) - xc(n - 2))
+                else:
+                    d1, d2 = xc(1) - xc(0), xc(2) - xc(1)
+                    first = -(2 * d1 + d2) / (d1 * (d1 + d2)) * at(0) + (d1 + d2) / (d1 * d2) * at(1) - \
+                        d1 / (d2 * (d1 + d2)) * at(2)
+                    d1, d2 = xc(n - 2) - xc(n - 3), xc(n - 1) - xc(n - 2)
+                    last = d2 / (d1 * (d1 + d2)) * at(n - 3) - (d1 + d2) / (d1 * d2) * at(n - 2) + \
+                        (2 * d2 + d1) / (d2 * (d1 + d2)) * at(n - 1)
+                out.append(cat([first, mid, last], ax) if n > 2 else cat([first, last], ax))
+                continue
+            mid = (at(2, n - 2) - at(0, n - 2)) * (0.5 / h)
+            if edge_order == 1:
+                first, last = (at(1) - at(0)) / h, (at(n - 1) - at(n - 2)) / h
+            else:
+                first = (-1.5 * at(0) + 2 * at(1) - 0.5 * at(2)) / h
+                last = (0.5 * at(n - 3) - 2 * at(n - 2) + 1.5 * at(n - 1)) / h
+            out.append(cat([first, mid, last], ax) if n > 2 else cat([first, last], ax))
+        return tuple(out)
 
     # ---- indexing, sorting, scatter (indexing.py) ------------------------------------------------------------------
     def topk(self, *a, **k):
