@@ -670,6 +670,8 @@ def test_more_errors():
 def test_special_functions(backend, rng):
     """lgamma, digamma (reflection for x < 1/2), polygamma, mvlgamma and i0 against torch, poles included."""
     a = rng.data((4, 6)) * 4
+    neg = a < 0  # at least 0.2 from the poles, where float32 can't carry 1e-4 of relative accuracy
+    a[neg] = np.floor(a[neg]) + 0.2 + 0.6 * (a[neg] - np.floor(a[neg]))
     a[0, :5] = [0.5, 1.0, 2.0, -2.5, -0.25]
     p, big = rng.data((4, 6), "pos") * 3, rng.data((4, 6)) * 6
 

@@ -956,8 +956,12 @@ class Tensor:
         corr = (1 if unbiased else 0) if correction is None else correction
         x = self._float()
         d = x - x.mean(dim, keepdim=True)
-        n = _scalar(self.graph, self._count(dim), dt.float32)
-        return (d * d).sum(dim, keepdim) / (n - corr).maximum(0).to(x.dtype)  # torch clamps the dof at 0
+        count = self._count(dim)
+        if count.is_const():  # torch clamps the degrees of freedom at 0
+            dof = x.graph.constant(max(int(count) - corr, 0), dt.float32)
+        else:
+            dof = (_scalar(self.graph, count, dt.float32) - corr).maximum(0)
+        return (d * d).sum(dim, keepdim) / dof.to(x.dtype)
 
     def std(self, dim=None, unbiased: bool = True, keepdim: bool = False, correction=None):
         return self.var(dim, unbiased, keepdim, correction).sqrt()
