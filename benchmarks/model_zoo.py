@@ -217,7 +217,10 @@ def qwen_luminal(peer, inputs, device):
     if ids.shape[0] != 1:
         raise ValueError("luminal's Llama session runs one sequence at a time (batched decode is not built yet)")
     model = Llama(LlamaConfig.from_hf(peer.model.config.to_dict()))
-    model.load_state_dict(_state(peer.model))
+    state = _state(peer.model)
+    if model.config.tie_word_embeddings:  # transformers lists the tied head too
+        state.pop("lm_head.weight", None)
+    model.load_state_dict(state)
     sess = Session(model, _compilers(device), capacity=SEQ)
 
     def step():
