@@ -6,7 +6,6 @@ given to `set()`.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -17,6 +16,7 @@ from ..functional import arange
 from ..graph import Graph
 from ..tensor import Tensor
 from . import functional as F
+from .hf import ACTIVATIONS, config_dict, dataclass_from
 from .module import Embedding, LayerNorm, Linear, Module, _fmt_shape
 
 _MASKED = float(np.finfo(np.float32).min)  # added to the scores of padding keys, as transformers does
@@ -38,29 +38,15 @@ class BertConfig:
     @classmethod
     def from_hf(cls, config) -> "BertConfig":
         """From a Hugging Face config.json path (or a directory holding one) or its dict."""
-        if isinstance(config, (str, os.PathLike)):
-            path = os.path.join(config, "config.json") if os.path.isdir(config) else config
-            with open(path) as f:
-                config = json.load(f)
+        config = config_dict(config)
         kind = config.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise NotImplementedError(f"BertConfig: position_embedding_type {kind!r} is not supported (only "
                                       "'absolute')")
         act = config.get("hidden_act", "gelu")
-        if act not in _ACTIVATIONS:
-            raise NotImplementedError(f"BertConfig: hidden_act {act!r} is not supported ({sorted(_ACTIVATIONS)})")
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in config.items() if k in names})
-
-
-_ACTIVATIONS = {
-    "gelu": lambda x: x.gelu(),
-    "gelu_new": lambda x: x.gelu(approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: x.gelu(approximate="tanh"),
-    "relu": lambda x: x.relu(),
-    "silu": lambda x: x.silu(),
-    "swish": lambda x: x.silu(),
-}
+        if act not in ACTIVATIONS:
+            raise NotImplementedError(f"BertConfig: hidden_act {act!r} is not supported ({sorted(ACTIVATIONS)})")
+        return dataclass_from(cls, config)
 
 
 class BertEmbeddings(Module):
@@ -128,7 +114,7 @@ class BertIntermediate(Module):
     def __init__(self, c: BertConfig, graph):
         super().__init__(graph)
         self.dense = Linear(c.hidden_size, c.intermediate_size, graph=graph)
-        self.act = _ACTIVATIONS[c.hidden_act]
+        self.act = ACTIVATIONS[c.hidden_act]
 
     def forward(self, x):
         return self.act(self.dense(x))

@@ -6,8 +6,6 @@ attention.query.weight`, as on the Hub) are renamed on load.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
 
@@ -16,6 +14,7 @@ from ..functional import cat
 from ..graph import Graph
 from ..tensor import Tensor
 from . import functional as F
+from .hf import activation, config_dict, dataclass_from
 from .module import LayerNorm, Linear, Module
 
 
@@ -43,28 +42,7 @@ class ViTConfig:
     @classmethod
     def from_hf(cls, config) -> "ViTConfig":
         """From a transformers ViTConfig, a config.json path or a dict."""
-        if isinstance(config, (str, os.PathLike)):
-            with open(config) as f:
-                config = json.load(f)
-        if not isinstance(config, dict):
-            config = config.to_dict()
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in config.items() if k in names})
-
-
-def activation(x: Tensor, name: str) -> Tensor:
-    """The activations transformers' ACT2FN names for these models."""
-    if name == "gelu":
-        return x.gelu()
-    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
-        return x.gelu("tanh")
-    if name == "relu":
-        return x.relu()
-    if name == "tanh":
-        return x.tanh()
-    if name in ("silu", "swish"):
-        return x.silu()
-    raise ValueError(f"unsupported activation {name!r}")
+        return dataclass_from(cls, config_dict(config))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, n_heads: int, mask: Tensor | None = None) -> Tensor:

@@ -11,8 +11,6 @@ and the cache length `p` are symbolic dims, so one compiled graph serves the pro
 """
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -26,8 +24,8 @@ from ..graph import Graph
 from ..tensor import Tensor
 from . import functional as F
 from .layers import Conv1d
+from .hf import activation, config_dict, dataclass_from
 from .module import Embedding, LayerNorm, Linear, Module
-from .vit import activation
 
 
 @dataclass
@@ -54,13 +52,7 @@ class WhisperConfig:
     @classmethod
     def from_hf(cls, config) -> "WhisperConfig":
         """From a transformers WhisperConfig, a config.json path or a dict."""
-        if isinstance(config, (str, os.PathLike)):
-            with open(config) as f:
-                config = json.load(f)
-        if not isinstance(config, dict):
-            config = config.to_dict()
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in config.items() if k in names})
+        return dataclass_from(cls, config_dict(config))
 
     @property
     def n_frames(self) -> int:
