@@ -107,7 +107,7 @@ def test_float_matmul_layouts(layout, m, k, n, threads, seed):
 @pytest.mark.parametrize("t", [5, 70])
 def test_attention_kernel_against_float64(t, threads, seed):
     """The fused Attention kernel (scores, mask, softmax, weighted V rows) for grouped heads over token-major caches
-    (runs again with the portable kernels, see test_portable_kernels)."""
+    (runs again at every other CPU ISA level, see tests/test_cpu_isa.py)."""
     rng = np.random.default_rng(seed)
     hk, rep, d = 2, 3, 24
     q = rng.standard_normal((hk, rep, d)).astype(np.float32)
@@ -208,17 +208,4 @@ def test_simd_level():
     assert lm._core.simd() in ("avx2", "portable") and (want is None or lm._core.simd() == want)
 
 
-def test_portable_kernels(tmp_path):
-    """The kernels without AVX2 (LUMINAL_NO_AVX2=1 forces them): this file's tests again, in a subprocess."""
-    import subprocess
-    import sys
-
-    if not hasattr(lm._core, "set_num_threads"):
-        pytest.skip("no native backend")
-    pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal, wherever it is
-    env = {**os.environ, "LUMINAL_NO_AVX2": "1",
-           "PYTHONPATH": os.pathsep.join([pkg_root] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k",
-                        "not portable_kernels"], env=env, capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout  # ran, test_simd_level included: the portable kernels were the ones used
+# The portable (and every other) level: tests/test_cpu_isa.py runs this file once per level the CPU supports.

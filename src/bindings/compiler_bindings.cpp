@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 
 #include "core/cpu/cpu.h"
+#include "core/cpu/isa.h"
 #include "core/lower/lower.h"
 #include "core/cpu/simd.h"
 #include "core/rewrite.h"
@@ -84,12 +85,18 @@ void bind_compiler(py::module_& m) {
   m.def("fuse_attention", &fuse_attention);
   m.def("fuse_elementwise", &fuse_elementwise, py::arg("graph"), py::arg("row_reductions") = false);
   m.def("set_num_threads", &set_num_threads, "Worker threads for the CPU kernels (0: one per core).");
-  m.def("simd", [] {
-#ifdef LUMINAL_X86
-    if (simd::have_avx2()) return "avx2";
-#endif
-    return "portable";
-  }, "Which CPU kernels run: 'avx2' (AVX2/FMA/F16C, chosen at run time) or 'portable'.");
+  m.def("simd", [] { return isa_at_least_avx2() ? "avx2" : "portable"; },
+        "Older name: 'avx2' where the x86 AVX2 (or AVX-512) kernels run, else 'portable'. See cpu_isa().");
+  // The level is chosen here, at import: a LUMINAL_CPU_ISA the CPU cannot run is an ImportError naming it, never
+  // an illegal instruction later.
+  cpu_isa();
+  m.def("cpu_isa", [] { return cpu_isa_name(cpu_isa()); },
+        "The CPU kernels' instruction set: 'avx512', 'avx2', 'neon' or 'portable' (LUMINAL_CPU_ISA forces one).");
+  m.def("cpu_isa_features", &cpu_isa_features, "Optional extensions the level uses: 'vnni' (x86), 'dotprod' (ARM).");
+  m.def("supported_cpu_isas", &supported_cpu_isas, "The levels this CPU can run, best first.");
+  m.def("_set_cpu_isa", &set_cpu_isa, py::arg("name"),
+        "Switches the CPU kernels' level (tests, benchmarks); never while a graph runs. ValueError where the CPU "
+        "lacks it.");
   m.def("num_threads", &num_threads);
 }
 

@@ -65,15 +65,10 @@ void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, T* out) {
   }
 }
 
-// The float32 loops, compiled once more for AVX2 (picked at load time): + * / sqrt and < are exact in any
-// vector width, so both versions give the same bits.
-#ifdef LUMINAL_X86
-#define LUMINAL_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define LUMINAL_CLONES
-#endif
-
-LUMINAL_CLONES void apply_f32(Op op, const float* x, const float* y, float* o, int64_t n) {
+// The float32 loops, compiled once more for AVX2 (picked by cpu_isa()): + * / sqrt and < are exact in any vector
+// width, so both versions give the same bits. The bodies are inlined into one function per target.
+#define LM_BODY __attribute__((always_inline)) inline
+LM_BODY void apply_f32_body(Op op, const float* x, const float* y, float* o, int64_t n) {
   switch (op) {
     case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
     case Op::Recip: for (int64_t i = 0; i < n; ++i) o[i] = 1.0f / x[i]; break;
@@ -85,7 +80,7 @@ LUMINAL_CLONES void apply_f32(Op op, const float* x, const float* y, float* o, i
 }
 
 // The sum of n floats in double, in eight interleaved sums (two vectors of four doubles).
-LUMINAL_CLONES double sum_f32(const float* x, int64_t n) {
+LM_BODY double sum_f32_body(const float* x, int64_t n) {
   double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t j = 0;
   for (; j + 8 <= n; j += 8)
@@ -93,6 +88,30 @@ LUMINAL_CLONES double sum_f32(const float* x, int64_t n) {
   double acc = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
   for (; j < n; ++j) acc += double(x[j]);
   return acc;
+}
+#undef LM_BODY
+
+void apply_f32_default(Op op, const float* x, const float* y, float* o, int64_t n) { apply_f32_body(op, x, y, o, n); }
+double sum_f32_default(const float* x, int64_t n) { return sum_f32_body(x, n); }
+#ifdef LUMINAL_X86
+__attribute__((target("avx2"))) void apply_f32_avx2(Op op, const float* x, const float* y, float* o, int64_t n) {
+  apply_f32_body(op, x, y, o, n);
+}
+__attribute__((target("avx2"))) double sum_f32_avx2(const float* x, int64_t n) { return sum_f32_body(x, n); }
+#endif
+
+void apply_f32(Op op, const float* x, const float* y, float* o, int64_t n) {
+#ifdef LUMINAL_X86
+  if (isa_at_least_avx2()) return apply_f32_avx2(op, x, y, o, n);
+#endif
+  apply_f32_default(op, x, y, o, n);
+}
+
+double sum_f32(const float* x, int64_t n) {
+#ifdef LUMINAL_X86
+  if (isa_at_least_avx2()) return sum_f32_avx2(x, n);
+#endif
+  return sum_f32_default(x, n);
 }
 
 template <class T>

@@ -4,7 +4,7 @@
 // through the input's overlapping window view) all pack straight from where they lie: no im2col buffer.
 // Cache-blocked the usual way: the smaller operand's block of k (KC) is packed once and shared by the threads,
 // which split the other operand into chunks, pack them into panels and run a register tile over them: 8 x 32 with
-// AVX-512, 6 x 16 with AVX2 (chosen at run time).
+// AVX-512, 6 x 16 with AVX2 or NEON (by cpu_isa()).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -58,7 +58,7 @@ void pack(const GemmOperand& x, int64_t r0, int64_t rows, int64_t k0, int64_t kc
   bool k_run = true;
   for (int64_t k = 1; k < kc && k_run; ++k) k_run = kt[k] == kt[0] + k;
 #ifdef LUMINAL_X86
-  static const bool stride2 = simd::have_avx2();
+  const bool stride2 = isa_at_least_avx2();
 #else
   constexpr bool stride2 = false;
   auto copy_stride2_avx2 = [](const float*, float*, int) {};
@@ -210,10 +210,50 @@ __attribute__((target("avx512f"))) void tile_rows_avx512(int64_t kc, const float
 #undef LM_STORE512
 #undef LM_ACC512
 
-bool have_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && !std::getenv("LUMINAL_NO_AVX512");
-  return ok;
+#endif
+
+#ifdef LUMINAL_ARM
+// 6 x 16: 24 accumulators of four lanes, four loads of B and two of A per k (32 registers in all).
+#define LM_ROWN(i, lane, A)                    \
+  c##i##0 = vfmaq_laneq_f32(c##i##0, b0, A, lane); \
+  c##i##1 = vfmaq_laneq_f32(c##i##1, b1, A, lane); \
+  c##i##2 = vfmaq_laneq_f32(c##i##2, b2, A, lane); \
+  c##i##3 = vfmaq_laneq_f32(c##i##3, b3, A, lane);
+#define LM_STOREN(i) \
+  vst1q_f32(t + i * 16, c##i##0), vst1q_f32(t + i * 16 + 4, c##i##1), vst1q_f32(t + i * 16 + 8, c##i##2), \
+      vst1q_f32(t + i * 16 + 12, c##i##3);
+#define LM_ACCN                                                                                              \
+  float32x4_t c00 = vdupq_n_f32(0), c01 = c00, c02 = c00, c03 = c00, c10 = c00, c11 = c00, c12 = c00, c13 = c00, \
+              c20 = c00, c21 = c00, c22 = c00, c23 = c00, c30 = c00, c31 = c00, c32 = c00, c33 = c00, c40 = c00, \
+              c41 = c00, c42 = c00, c43 = c00, c50 = c00, c51 = c00, c52 = c00, c53 = c00;
+#define LM_BODYN                                                                                          \
+  float32x4_t b0 = vld1q_f32(b), b1 = vld1q_f32(b + 4), b2 = vld1q_f32(b + 8), b3 = vld1q_f32(b + 12); \
+  LM_ROWN(0, 0, x) LM_ROWN(1, 1, x) LM_ROWN(2, 2, x) LM_ROWN(3, 3, x) LM_ROWN(4, 0, y) LM_ROWN(5, 1, y)
+#define LM_STOREALLN LM_STOREN(0) LM_STOREN(1) LM_STOREN(2) LM_STOREN(3) LM_STOREN(4) LM_STOREN(5)
+
+void tile_neon(int64_t kc, const float* a, const float* b, float* t) {
+  LM_ACCN
+  for (int64_t k = 0; k < kc; ++k, a += 6, b += 16) {
+    float32x4_t x = vld1q_f32(a), y = vcombine_f32(vld1_f32(a + 4), vdup_n_f32(0));
+    LM_BODYN
+  }
+  LM_STOREALLN
 }
+
+void tile_rows_neon(int64_t kc, const float* const* a, const float* b, float* t) {
+  LM_ACCN
+  const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+  for (int64_t k = 0; k < kc; ++k, b += 16) {
+    float32x4_t x = {a0[k], a1[k], a2[k], a3[k]}, y = {a4[k], a5[k], 0.0f, 0.0f};
+    LM_BODYN
+  }
+  LM_STOREALLN
+}
+#undef LM_ROWN
+#undef LM_STOREN
+#undef LM_ACCN
+#undef LM_BODYN
+#undef LM_STOREALLN
 #endif
 
 // Rows [m0, m0 + mc) of A against packed B panels [p0, p1) (of NR columns, panel p at column p * NR) over k in
@@ -365,8 +405,11 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const GemmOperand& A, const GemmO
     return;
   }
 #ifdef LUMINAL_X86
-  if (have_avx512()) return gemm(Tiles<8, 32>{tile_avx512, tile_rows_avx512}, M, N, K, A, B, C);
-  if (simd::have_avx2()) return gemm(Tiles<6, 16>{tile_avx2, tile_rows_avx2}, M, N, K, A, B, C);
+  if (isa_avx512()) return gemm(Tiles<8, 32>{tile_avx512, tile_rows_avx512}, M, N, K, A, B, C);
+  if (isa_at_least_avx2()) return gemm(Tiles<6, 16>{tile_avx2, tile_rows_avx2}, M, N, K, A, B, C);
+#endif
+#ifdef LUMINAL_ARM
+  if (isa_neon()) return gemm(Tiles<6, 16>{tile_neon, tile_rows_neon}, M, N, K, A, B, C);
 #endif
   gemm(Tiles<6, 16>{tile_portable<6, 16>, tile_rows_portable<6, 16>}, M, N, K, A, B, C);
 }

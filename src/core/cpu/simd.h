@@ -1,4 +1,5 @@
-// Dot-product kernels: a portable version and, on x86-64, an AVX2/FMA/F16C version chosen at run time by CPUID.
+// Dot-product kernels: a portable version and, per instruction-set level (isa.h: chosen once at load), AVX2/FMA/F16C
+// and AVX-512 (VNNI) versions on x86-64 and NEON (dotprod) versions on AArch64.
 // GGUF weight blocks (32 weights: Q8_0 = d, 32 x int8; Q4_0 = d, 16 bytes of nibbles, q - 8; Q4_1 = d, m, 16 bytes)
 // meet int8 activation blocks (scale da, sum sa = da * sum qa) as
 //   sum_j (d*q_j + m) * da*qa_j = d*da * sum_j q_j*qa_j + m * sa
@@ -9,11 +10,16 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cpu/isa.h"
 #include "core/dtype.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define LUMINAL_X86 1
+#endif
+#if defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define LUMINAL_ARM 1
 #endif
 
 namespace luminal::simd {
@@ -66,20 +72,40 @@ inline void quantize_q8_portable(const float* a, int64_t nb, int8_t* q, float* d
   }
 }
 
+// The float steps of blocks [0, n) from their integer dot products acc with the activation blocks (scales d, sums
+// s). Out of line, so the portable and NEON kernels round (and fuse multiply-adds) exactly alike.
+__attribute__((noinline)) inline float blocks_total(int block_bytes, const uint8_t* w, const int32_t* acc,
+                                                    const float* d, const float* s, int64_t n) {
+  float total = 0;
+  for (int64_t b = 0; b < n; ++b, w += block_bytes) {
+    float x = d[b] * float(acc[b]);
+    if (block_bytes == 34) total += half(w) * x;
+    else if (block_bytes == 20) total += half(w) * x + half(w + 2) * s[b];
+    else total += half(w) * (x - 8.0f * s[b]);
+  }
+  return total;
+}
+constexpr int64_t kBlocksPerTotal = 64;  // blocks whose integer dots are gathered before blocks_total runs
+
 inline float dot_q8_portable(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s,
                              int64_t nb) {
   float total = 0;
-  for (int64_t b = 0; b < nb; ++b, w += block_bytes, q += 32) {
-    int acc = 0;
-    if (block_bytes == 34) {
-      for (int j = 0; j < 32; ++j) acc += int(int8_t(w[2 + j])) * q[j];
-      total += half(w) * (d[b] * float(acc));
-      continue;
+  int32_t acc[kBlocksPerTotal];
+  for (int64_t b0 = 0; b0 < nb; b0 += kBlocksPerTotal) {
+    int64_t n = std::min(kBlocksPerTotal, nb - b0);
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* wb = w + (b0 + j) * block_bytes;
+      const int8_t* qb = q + 32 * (b0 + j);
+      int a = 0;
+      if (block_bytes == 34) {
+        for (int i = 0; i < 32; ++i) a += int(int8_t(wb[2 + i])) * qb[i];
+      } else {
+        const uint8_t* p = wb + (block_bytes == 20 ? 4 : 2);
+        for (int i = 0; i < 16; ++i) a += int(p[i] & 0xf) * qb[i] + int(p[i] >> 4) * qb[i + 16];
+      }
+      acc[j] = a;
     }
-    const uint8_t* p = w + (block_bytes == 20 ? 4 : 2);
-    for (int j = 0; j < 16; ++j) acc += int(p[j] & 0xf) * q[j] + int(p[j] >> 4) * q[j + 16];
-    total += block_bytes == 20 ? half(w) * (d[b] * float(acc)) + half(w + 2) * s[b]
-                               : half(w) * (d[b] * float(acc) - 8.0f * s[b]);
+    total += blocks_total(block_bytes, w + b0 * block_bytes, acc, d + b0, s + b0, n);
   }
   return total;
 }
@@ -93,9 +119,10 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-__attribute__((target("avx2,fma"))) inline float dot_f32_avx2(const float* a, const float* b, int64_t k) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
+// The dot product from element i on, with the four accumulators so far (the AVX-512 version hands over here).
+__attribute__((target("avx2,fma"))) inline float dot_f32_avx2_from(const float* a, const float* b, int64_t k,
+                                                                   int64_t i, __m256 s0, __m256 s1, __m256 s2,
+                                                                   __m256 s3) {
   for (; i + 32 <= k; i += 32) {
     s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
@@ -106,6 +133,11 @@ __attribute__((target("avx2,fma"))) inline float dot_f32_avx2(const float* a, co
   float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
   for (; i < k; ++i) s += a[i] * b[i];
   return s;
+}
+
+__attribute__((target("avx2,fma"))) inline float dot_f32_avx2(const float* a, const float* b, int64_t k) {
+  __m256 z = _mm256_setzero_ps();
+  return dot_f32_avx2_from(a, b, k, 0, z, z, z, z);
 }
 
 __attribute__((target("avx2,fma,f16c"))) inline float half_f16c(const uint8_t* p) {
@@ -195,25 +227,6 @@ __attribute__((target("avx2,fma"))) inline void quantize_q8_avx2(const float* a,
   }
 }
 
-// One block of weights (BB bytes: Q8_0 34, Q4_0 18, Q4_1 20) against 32 int8 activations: 8 lanes of int32
-// partial sums.
-template <int BB>
-__attribute__((target("avx2,fma"))) inline __m256i block_dot_q8(const uint8_t* w, const int8_t* q) {
-  __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), p16;
-  if (BB == 34) {
-    // maddubs multiplies unsigned by signed bytes: move the weight's sign onto the activation.
-    __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qa, qw));
-  } else {
-    // The 16 bytes in both halves, the upper half shifted right by a nibble (within 64-bit lanes: the bits that
-    // cross into a byte from its neighbour are masked off with the other high nibbles).
-    __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (BB == 20 ? 4 : 2))));
-    __m256i qw = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
-    p16 = _mm256_maddubs_epi16(qw, qa);
-  }
-  return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
 // The eight 8-lane sums p[0..7] of eight blocks -> one vector of their totals (block j in lane j).
 __attribute__((target("avx2"))) inline __m256i block_totals(const __m256i* p) {
   __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
@@ -222,122 +235,14 @@ __attribute__((target("avx2"))) inline __m256i block_totals(const __m256i* p) {
   return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-// Q8_0: blocks go eight at a time; each block's integer dot product is totalled in one lane, so the eight scales
-// apply with one multiply-add instead of scalar work per block. The scales are put together by 16-bit inserts
-// (cheaper than a gather on Zen 3); the last 1-7 blocks are a group with the missing lanes zero.
-__attribute__((target("avx2,fma,f16c"))) inline float dot_q8_0_avx2(const uint8_t* w, const int8_t* q,
-                                                                      const float* d, int64_t nb) {
-  constexpr int BB = 34;
-  auto half_at = [](const uint8_t* x) {
-    uint16_t h;
-    std::memcpy(&h, x, 2);
-    return int(h);
-  };
-  __m256 acc = _mm256_setzero_ps();
-  __m256i p[8];
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
-    for (int j = 0; j < 8; ++j) p[j] = block_dot_q8<BB>(w + j * BB, q + 32 * j);
-    __m128i h = _mm_cvtsi32_si128(half_at(w));
-    h = _mm_insert_epi16(h, half_at(w + BB), 1);
-    h = _mm_insert_epi16(h, half_at(w + 2 * BB), 2);
-    h = _mm_insert_epi16(h, half_at(w + 3 * BB), 3);
-    h = _mm_insert_epi16(h, half_at(w + 4 * BB), 4);
-    h = _mm_insert_epi16(h, half_at(w + 5 * BB), 5);
-    h = _mm_insert_epi16(h, half_at(w + 6 * BB), 6);
-    h = _mm_insert_epi16(h, half_at(w + 7 * BB), 7);
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(d + b)),
-                          _mm256_cvtepi32_ps(block_totals(p)), acc);
-  }
-  if (int left = int(nb - b)) {
-    alignas(16) uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < 8; ++j) {
-      p[j] = j < left ? block_dot_q8<BB>(w + j * BB, q + 32 * j) : _mm256_setzero_si256();
-      if (j < left) h[j] = uint16_t(half_at(w + j * BB));
-    }
-    __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_maskload_ps(d + b, live)), _mm256_cvtepi32_ps(block_totals(p)),
-                          acc);
-  }
-  return hsum(acc);
-}
-
-// Two Q4 blocks (BB bytes each, their nibbles after H header bytes) against activations laid out by
-// pair_activations: one mask and one shift unpack both; 8 int32 lanes, the first block's partial sums in the low
-// half. Each maddubs pair sum is at most 2 * 15 * 127, so two of them add without overflow in 16 bits.
-template <int BB, int H>
-__attribute__((target("avx2"))) inline __m256i pair_dot_q4(const uint8_t* w, const int8_t* q) {
-  const __m256i low = _mm256_set1_epi8(0x0f);
-  __m256i x = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(w + BB + H), reinterpret_cast<const __m128i*>(w + H));
-  __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-  __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-  __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32));
-  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, a), _mm256_maddubs_epi16(hi, c)),
-                           _mm256_set1_epi16(1));
-}
-
-// Q4_0/Q4_1 eight blocks at a time, two blocks per vector (pair_dot_q4): the block totals come out of a three-step
-// add tree in the order 0 2 4 6 1 3 5 7, the order in which four unaligned loads bring the blocks' scales (no
-// gather: measured ~9 cycles a group on Zen 3). Then the leftover pairs, then an odd last block.
-template <int BB>
-__attribute__((target("avx2,fma,f16c"))) inline float dot_q4_pairs_avx2(const uint8_t* w, const int8_t* q,
-                                                                          const float* d, const float* s, int64_t nb) {
-  constexpr int H = BB == 20 ? 4 : 2;  // header bytes: the scale (and Q4_1's minimum)
-  // Load k (at block 2k) holds block 2k's header at byte 0 and block 2k+1's at byte BB - 16 of its upper half; the
-  // masks move them to 32-bit lane k of each half.
-  struct Masks {
-    alignas(32) int8_t m[4][32];
-    Masks() {
-      for (int k = 0; k < 4; ++k)
-        for (int i = 0; i < 32; ++i)
-          m[k][i] = i % 16 >= 4 * k && i % 16 < 4 * k + H ? int8_t(i % 16 - 4 * k + (i < 16 ? 0 : BB - 16)) : -1;
-    }
-  };
-  static const Masks masks;
-  const __m256i* pick = reinterpret_cast<const __m256i*>(masks.m);
-  // Per 128-bit half: the low float16 of each lane into bytes 0-7, the high one into bytes 8-15; then the 64-bit
-  // pieces in the order low(0), low(1), high(0), high(1).
-  const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                                         0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
-  __m256 acc = _mm256_setzero_ps(), mins = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 8 <= nb; b += 8, w += 8 * BB, q += 256) {
-    __m256i v[4];
-    __m256i raw = _mm256_setzero_si256();
-    for (int k = 0; k < 4; ++k) {
-      const uint8_t* pair = w + 2 * k * BB;
-      raw = _mm256_or_si256(raw, _mm256_shuffle_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair)),
-                                                     pick[k]));
-      v[k] = pair_dot_q4<BB, H>(pair, q + 64 * k);
-    }
-    __m256i totals = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
-    __m256i h = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, split), 0xD8);
-    __m256 dw = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_loadu_ps(d + b)), _mm256_cvtepi32_ps(totals), acc);
-    if (BB == 20) mins = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), _mm256_loadu_ps(s + b), mins);
-    else mins = _mm256_fmadd_ps(dw, _mm256_loadu_ps(s + b), mins);
-  }
-  // Leftover pairs, each half's scale applied on its own; an odd last block (laid out as usual) the same way.
-  float extra = 0;
-  for (; b < nb; b += 2, w += 2 * BB, q += 64) {
-    bool pair = b + 1 < nb;
-    __m256i v = pair ? pair_dot_q4<BB, H>(w, q) : block_dot_q8<BB>(w, q);
-    float d0 = half_f16c(w), d1 = pair ? half_f16c(w + BB) : 0.0f;
-    // A lone block's 8 lanes all belong to it; a pair's low half is its first block, its high half the second.
-    __m256 scale = _mm256_set_m128(_mm_set1_ps(pair ? d1 * d[b + 1] : d0 * d[b]), _mm_set1_ps(d0 * d[b]));
-    acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(v), acc);
-    for (int j = 0; j < (pair ? 2 : 1); ++j) {
-      const uint8_t* wj = w + j * BB;
-      extra += BB == 20 ? half_f16c(wj + 2) * s[b + j] : -8.0f * half_f16c(wj) * s[b + j];
-    }
-  }
-  return hsum(BB == 18 ? _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), mins, acc) : _mm256_add_ps(acc, mins)) + extra;
-}
+#define LM_Q_NS q_avx2
+#define LM_Q_TARGET "avx2,fma,f16c"
+#define LM_Q_VNNI 0
+#include "core/cpu/simd_q8.inl"
 
 // 2^x for float32: x = n + f with |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (truncation error below
 // 1e-8 relative), times 2^n put into the exponent bits. Within 2 ulp of the correctly rounded result. Lanes outside
-// [-126, 127] (overflow, subnormal results, inf, NaN) take the exact scalar path.
+// [-126, 127] (overflow, subnormal results, inf, NaN) take the exact scalar path. x may be o (in place).
 __attribute__((target("avx2,fma"))) inline void exp2_f32_avx2(const float* x, float* o, int64_t n) {
   const __m256 c[8] = {_mm256_set1_ps(1.0f), _mm256_set1_ps(0.693147180559945f), _mm256_set1_ps(0.240226506959101f),
                        _mm256_set1_ps(0.0555041086648216f), _mm256_set1_ps(0.00961812910762848f),
@@ -350,11 +255,13 @@ __attribute__((target("avx2,fma"))) inline void exp2_f32_avx2(const float* x, fl
     __m256 p = c[7];
     for (int k = 6; k >= 0; --k) p = _mm256_fmadd_ps(p, f, c[k]);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
-    _mm256_storeu_ps(o + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
     int odd = _mm256_movemask_ps(_mm256_or_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-126.0f), _CMP_NGE_UQ),
                                               _mm256_cmp_ps(v, _mm256_set1_ps(127.0f), _CMP_NLE_UQ)));
+    alignas(32) float in[8];
+    if (odd) _mm256_store_ps(in, v);  // x may be o (in place): keep the inputs the scalar path needs
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
     for (int j = 0; odd; ++j, odd >>= 1)
-      if (odd & 1) o[i + j] = float(std::exp2(double(x[i + j])));
+      if (odd & 1) o[i + j] = float(std::exp2(double(in[j])));
   }
   for (; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
 }
@@ -419,49 +326,368 @@ __attribute__((target("avx2,fma"))) inline void weighted_rows_f32_avx2(const flo
   }
 }
 
-// LUMINAL_NO_AVX2=1 forces the portable kernels (how the tests check them on an AVX2 machine).
-inline bool have_avx2() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c") && !std::getenv("LUMINAL_NO_AVX2");
-  return ok;
+// ---- AVX-512 (F/VL/BW/DQ; VNNI for the int8 dots) --------------------------------------------------------------
+// Every function gives the AVX2 version's bits: elementwise ones (exp2, axpy, weighted_rows) do the same operations
+// per lane and hand their last partial vector to the AVX2 version; the dot products keep the AVX2 version's 8-lane
+// accumulators, two side by side in one 512-bit register, so every lane adds the same products in the same order.
+#define LM_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+// GCC 12's AVX-512 headers start casts, extracts and broadcasts from a self-initialised "undefined" register, which
+// -Wall reports wherever they are inlined (a false positive).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define LM_Q_NS q_vnni
+#define LM_Q_TARGET "avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx2,fma,f16c"
+#define LM_Q_VNNI 1
+#include "core/cpu/simd_q8.inl"
+
+// The AVX2 version's accumulators s0 s1 (s2 s3) side by side in one 512-bit register: the same lanes add the
+// same products in the same order, with half the instructions.
+LM_AVX512 inline float dot_f32_avx512(const float* a, const float* b, int64_t k) {
+  __m512 s01 = _mm512_setzero_ps(), s23 = s01;
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s01 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s01);
+    s23 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s23);
+  }
+  return dot_f32_avx2_from(a, b, k, i, _mm512_castps512_ps256(s01), _mm512_extractf32x8_ps(s01, 1),
+                           _mm512_castps512_ps256(s23), _mm512_extractf32x8_ps(s23, 1));
 }
+
+// Two rows' 8-lane accumulators side by side (rows r and r + 1 against the same weights), as dot_rx3_f32_avx2.
+template <int R>
+LM_AVX512 inline void dot_rx3_f32_avx512(const float* const* a, const float* const* w, int64_t k, float* out) {
+  if constexpr (R % 2) {
+    return dot_rx3_f32_avx2<R>(a, w, k, out);
+  } else {
+    constexpr int P = R / 2;
+    __m512 s[3 * P];
+    for (auto& x : s) x = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+      __m512 x0 = _mm512_broadcast_f32x8(_mm256_loadu_ps(w[0] + i)), x1 = _mm512_broadcast_f32x8(_mm256_loadu_ps(w[1] + i)),
+             x2 = _mm512_broadcast_f32x8(_mm256_loadu_ps(w[2] + i));
+      for (int p = 0; p < P; ++p) {
+        __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a[2 * p] + i)),
+                                      _mm256_loadu_ps(a[2 * p + 1] + i), 1);
+        s[3 * p] = _mm512_fmadd_ps(y, x0, s[3 * p]);
+        s[3 * p + 1] = _mm512_fmadd_ps(y, x1, s[3 * p + 1]);
+        s[3 * p + 2] = _mm512_fmadd_ps(y, x2, s[3 * p + 2]);
+      }
+    }
+    for (int p = 0; p < P; ++p)
+      for (int c = 0; c < 3; ++c) {
+        out[3 * (2 * p) + c] = hsum(_mm512_castps512_ps256(s[3 * p + c]));
+        out[3 * (2 * p + 1) + c] = hsum(_mm512_extractf32x8_ps(s[3 * p + c], 1));
+      }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < 3; ++c)
+        for (int64_t j = i; j < k; ++j) out[3 * r + c] += a[r][j] * w[c][j];
+  }
+}
+
+LM_AVX512 inline void exp2_f32_avx512(const float* x, float* o, int64_t n) {
+  const float c[8] = {1.0f, 0.693147180559945f, 0.240226506959101f, 0.0555041086648216f, 0.00961812910762848f,
+                      0.00133335581464284f, 0.000154035303933816f, 1.52527338040598e-05f};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    __m512 r = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(v, r);
+    __m512 p = _mm512_set1_ps(c[7]);
+    for (int k = 6; k >= 0; --k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[k]));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(r), _mm512_set1_epi32(127)), 23);
+    unsigned odd = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.0f), _CMP_NGE_UQ) |
+                   _mm512_cmp_ps_mask(v, _mm512_set1_ps(127.0f), _CMP_NLE_UQ);
+    alignas(64) float in[16];
+    if (odd) _mm512_store_ps(in, v);  // x may be o (in place)
+    _mm512_storeu_ps(o + i, _mm512_mul_ps(p, _mm512_castsi512_ps(e)));
+    for (; odd; odd &= odd - 1) {
+      int j = __builtin_ctz(odd);
+      o[i + j] = float(std::exp2(double(in[j])));
+    }
+  }
+  exp2_f32_avx2(x + i, o + i, n - i);
+}
+
+LM_AVX512 inline void axpy_f32_avx512(float alpha, const float* x, float* y, int64_t n) {
+  __m512 a = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  axpy_f32_avx2(alpha, x + i, y + i, n - i);
+}
+
+// As dot_rows_f32_avx2 with rows r and r + 1 side by side in one register (x in both halves): the same bits.
+LM_AVX512 inline void dot_rows_f32_avx512(const float* x, const float* rows, int64_t stride, int64_t n, int64_t k,
+                                          float* out) {
+  int64_t i = 0, kv = k / 8 * 8;
+  for (; i + 8 <= n; i += 8) {
+    __m512 acc[4];
+    for (auto& a : acc) a = _mm512_setzero_ps();
+    for (int64_t j = 0; j < kv; j += 8) {
+      __m512 xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + j));
+      for (int p = 0; p < 4; ++p) {
+        const float* r0 = rows + (i + 2 * p) * stride + j;
+        __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(r0)), _mm256_loadu_ps(r0 + stride), 1);
+        acc[p] = _mm512_fmadd_ps(xv, y, acc[p]);
+      }
+    }
+    __m256 h[8];
+    for (int p = 0; p < 4; ++p) h[2 * p] = _mm512_castps512_ps256(acc[p]), h[2 * p + 1] = _mm512_extractf32x8_ps(acc[p], 1);
+    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+    __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    alignas(32) float o[8];
+    _mm256_store_ps(o, t);
+    for (int r = 0; r < 8; ++r) {
+      for (int64_t j = kv; j < k; ++j) o[r] += x[j] * rows[(i + r) * stride + j];
+      out[i + r] = o[r];
+    }
+  }
+  for (; i < n; ++i) out[i] = dot_f32_avx512(x, rows + i * stride, k);
+}
+
+// As weighted_rows_f32_avx2, 64 columns at a time in four 16-lane accumulators.
+LM_AVX512 inline void weighted_rows_f32_avx512(const float* w, const float* rows, int64_t stride, int64_t T,
+                                               int64_t n, float* out) {
+  int64_t c = 0;
+  for (; c + 64 <= n; c += 64) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < T; ++t) {
+      __m512 wt = _mm512_set1_ps(w[t]);
+      const float* r = rows + t * stride + c;
+      a0 = _mm512_fmadd_ps(wt, _mm512_loadu_ps(r), a0);
+      a1 = _mm512_fmadd_ps(wt, _mm512_loadu_ps(r + 16), a1);
+      a2 = _mm512_fmadd_ps(wt, _mm512_loadu_ps(r + 32), a2);
+      a3 = _mm512_fmadd_ps(wt, _mm512_loadu_ps(r + 48), a3);
+    }
+    _mm512_storeu_ps(out + c, a0), _mm512_storeu_ps(out + c + 16, a1);
+    _mm512_storeu_ps(out + c + 32, a2), _mm512_storeu_ps(out + c + 48, a3);
+  }
+  for (; c + 16 <= n; c += 16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) acc = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(rows + t * stride + c), acc);
+    _mm512_storeu_ps(out + c, acc);
+  }
+  if (c < n) weighted_rows_f32_avx2(w, rows + c, stride, T, n - c, out + c);
+}
+#pragma GCC diagnostic pop
+#undef LM_AVX512
+#endif  // LUMINAL_X86
+
+#ifdef LUMINAL_ARM
+// ---- NEON (AArch64 Advanced SIMD; sdot where the CPU has dotprod) --------------------------------------------------
+inline float dot_f32_neon(const float* a, const float* b, int64_t k) {
+  float32x4_t s0 = vdupq_n_f32(0), s1 = s0, s2 = s0, s3 = s0;
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+    s1 = vfmaq_f32(s1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    s2 = vfmaq_f32(s2, vld1q_f32(a + i + 8), vld1q_f32(b + i + 8));
+    s3 = vfmaq_f32(s3, vld1q_f32(a + i + 12), vld1q_f32(b + i + 12));
+  }
+  for (; i + 4 <= k; i += 4) s0 = vfmaq_f32(s0, vld1q_f32(a + i), vld1q_f32(b + i));
+  float s = vaddvq_f32(vaddq_f32(vaddq_f32(s0, s1), vaddq_f32(s2, s3)));
+  for (; i < k; ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <int R>
+inline void dot_rx3_f32_neon(const float* const* a, const float* const* w, int64_t k, float* out) {
+  float32x4_t s[3 * R];
+  for (auto& x : s) x = vdupq_n_f32(0);
+  int64_t i = 0;
+  for (; i + 4 <= k; i += 4) {
+    float32x4_t x0 = vld1q_f32(w[0] + i), x1 = vld1q_f32(w[1] + i), x2 = vld1q_f32(w[2] + i);
+    for (int r = 0; r < R; ++r) {
+      float32x4_t y = vld1q_f32(a[r] + i);
+      s[3 * r] = vfmaq_f32(s[3 * r], y, x0);
+      s[3 * r + 1] = vfmaq_f32(s[3 * r + 1], y, x1);
+      s[3 * r + 2] = vfmaq_f32(s[3 * r + 2], y, x2);
+    }
+  }
+  for (int j = 0; j < 3 * R; ++j) out[j] = vaddvq_f32(s[j]);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < 3; ++c)
+      for (int64_t j = i; j < k; ++j) out[3 * r + c] += a[r][j] * w[c][j];
+}
+
+// The same polynomial as exp2_f32_avx2; lanes outside [-126, 127] (and NaN) take the exact scalar path.
+inline void exp2_f32_neon(const float* x, float* o, int64_t n) {
+  const float c[8] = {1.0f, 0.693147180559945f, 0.240226506959101f, 0.0555041086648216f, 0.00961812910762848f,
+                      0.00133335581464284f, 0.000154035303933816f, 1.52527338040598e-05f};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    float32x4_t v = vld1q_f32(x + i), r = vrndnq_f32(v), f = vsubq_f32(v, r);
+    float32x4_t p = vdupq_n_f32(c[7]);
+    for (int k = 6; k >= 0; --k) p = vfmaq_f32(vdupq_n_f32(c[k]), p, f);
+    int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(r), vdupq_n_s32(127)), 23);
+    uint32x4_t ok = vandq_u32(vcgeq_f32(v, vdupq_n_f32(-126.0f)), vcleq_f32(v, vdupq_n_f32(127.0f)));
+    float in[4];
+    vst1q_f32(in, v);  // x may be o (in place)
+    vst1q_f32(o + i, vmulq_f32(p, vreinterpretq_f32_s32(e)));
+    if (vminvq_u32(ok) == 0)
+      for (int j = 0; j < 4; ++j)
+        if (!(in[j] >= -126.0f && in[j] <= 127.0f)) o[i + j] = float(std::exp2(double(in[j])));
+  }
+  for (; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
+}
+
+inline void axpy_f32_neon(float alpha, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), vld1q_f32(x + i), alpha));
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+inline void weighted_rows_f32_neon(const float* w, const float* rows, int64_t stride, int64_t T, int64_t n,
+                                   float* out) {
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) {
+    float32x4_t a0 = vdupq_n_f32(0), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = rows + t * stride + c;
+      a0 = vfmaq_n_f32(a0, vld1q_f32(r), w[t]);
+      a1 = vfmaq_n_f32(a1, vld1q_f32(r + 4), w[t]);
+      a2 = vfmaq_n_f32(a2, vld1q_f32(r + 8), w[t]);
+      a3 = vfmaq_n_f32(a3, vld1q_f32(r + 12), w[t]);
+    }
+    vst1q_f32(out + c, a0), vst1q_f32(out + c + 4, a1), vst1q_f32(out + c + 8, a2), vst1q_f32(out + c + 12, a3);
+  }
+  for (; c < n; ++c) {
+    float acc = 0;
+    for (int64_t t = 0; t < T; ++t) acc += w[t] * rows[t * stride + c];
+    out[c] = acc;
+  }
+}
+
+// The same q, d and s as quantize_q8_portable (vcvtnq rounds to nearest even, as nearbyint does).
+inline void quantize_q8_neon(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < nb; ++b, a += 32, q += 32) {
+    float32x4_t v[8];
+    float32x4_t m = vdupq_n_f32(0);
+    for (int i = 0; i < 8; ++i) {
+      v[i] = vld1q_f32(a + 4 * i);
+      m = vmaxq_f32(m, vabsq_f32(v[i]));
+    }
+    float db = vmaxvq_f32(m) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;
+    int32x4_t sum = vdupq_n_s32(0);
+    for (int i = 0; i < 8; i += 2) {
+      int32x4_t x0 = vcvtnq_s32_f32(vmulq_n_f32(v[i], id)), x1 = vcvtnq_s32_f32(vmulq_n_f32(v[i + 1], id));
+      sum = vaddq_s32(sum, vaddq_s32(x0, x1));
+      int16x8_t h = vcombine_s16(vqmovn_s32(x0), vqmovn_s32(x1));
+      vst1_s8(q + 4 * i, vqmovn_s16(h));
+    }
+    d[b] = db;
+    s[b] = db * float(vaddvq_s32(sum));
+  }
+}
+
+// One block's 32 integer products, in four int32 lanes: widening multiplies, or sdot (4 products a lane).
+inline int32x4_t block_dot_neon(int8x16_t w0, int8x16_t w1, const int8_t* q) {
+  int8x16_t a0 = vld1q_s8(q), a1 = vld1q_s8(q + 16);
+  // Two products of at most 128 * 127 each fit int16.
+  int16x8_t p0 = vmlal_s8(vmull_s8(vget_low_s8(w0), vget_low_s8(a0)), vget_high_s8(w0), vget_high_s8(a0));
+  int16x8_t p1 = vmlal_s8(vmull_s8(vget_low_s8(w1), vget_low_s8(a1)), vget_high_s8(w1), vget_high_s8(a1));
+  return vpadalq_s16(vpaddlq_s16(p0), p1);
+}
+
+#ifdef __clang__
+#define LM_DOTPROD __attribute__((target("dotprod")))
+#else
+#define LM_DOTPROD __attribute__((target("arch=armv8.2-a+dotprod")))  // as GCC's arm_neon.h declares vdotq_s32
+#endif
+LM_DOTPROD inline int32x4_t block_sdot_neon(int8x16_t w0, int8x16_t w1, const int8_t* q) {
+  return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w0, vld1q_s8(q)), w1, vld1q_s8(q + 16));
+}
+
+// Activations laid out as quantize_q8 leaves them: each block's integer dot product, then blocks_total as
+// dot_q8_portable does, so all three give identical bits.
+#define LM_DOT_Q8_NEON(NAME, ATTR, BLOCK)                                                                         \
+  ATTR inline float NAME(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s,      \
+                         int64_t nb) {                                                                            \
+    float total = 0;                                                                                              \
+    int32_t acc[kBlocksPerTotal];                                                                                 \
+    const uint8x16_t low = vdupq_n_u8(0x0f);                                                                      \
+    for (int64_t b0 = 0; b0 < nb; b0 += kBlocksPerTotal) {                                                        \
+      int64_t n = std::min(kBlocksPerTotal, nb - b0);                                                             \
+      for (int64_t j = 0; j < n; ++j) {                                                                           \
+        const uint8_t* wb = w + (b0 + j) * block_bytes;                                                           \
+        int8x16_t w0, w1;                                                                                         \
+        if (block_bytes == 34) {                                                                                  \
+          w0 = vld1q_s8(reinterpret_cast<const int8_t*>(wb + 2));                                                 \
+          w1 = vld1q_s8(reinterpret_cast<const int8_t*>(wb + 18));                                                \
+        } else {                                                                                                  \
+          uint8x16_t x = vld1q_u8(wb + (block_bytes == 20 ? 4 : 2));                                              \
+          w0 = vreinterpretq_s8_u8(vandq_u8(x, low)), w1 = vreinterpretq_s8_u8(vshrq_n_u8(x, 4));                \
+        }                                                                                                         \
+        acc[j] = vaddvq_s32(BLOCK(w0, w1, q + 32 * (b0 + j)));                                                    \
+      }                                                                                                           \
+      total += blocks_total(block_bytes, w + b0 * block_bytes, acc, d + b0, s + b0, n);                           \
+    }                                                                                                             \
+    return total;                                                                                                 \
+  }
+LM_DOT_Q8_NEON(dot_q8_neon, , block_dot_neon)
+LM_DOT_Q8_NEON(dot_q8_neon_dotprod, LM_DOTPROD, block_sdot_neon)
+#undef LM_DOT_Q8_NEON
+#undef LM_DOTPROD
+#endif  // LUMINAL_ARM
+
+// Kept for callers of the older switch: whether the x86 AVX2 (or AVX-512) kernels run.
+inline bool have_avx2() { return isa_at_least_avx2(); }
+
+// ---- dispatch: every kernel family on cpu_isa() ---------------------------------------------------------------------
+#ifdef LUMINAL_X86
+#define LM_X86(avx512_call, avx2_call)           \
+  switch (cpu_isa()) {                           \
+    case CpuIsa::Avx512: return avx512_call;     \
+    case CpuIsa::Avx2: return avx2_call;         \
+    default: break;                              \
+  }
+#else
+#define LM_X86(avx512_call, avx2_call)
+#endif
+#ifdef LUMINAL_ARM
+#define LM_ARM(neon_call) \
+  if (isa_neon()) return neon_call;
+#else
+#define LM_ARM(neon_call)
 #endif
 
-// ---- dispatch ------------------------------------------------------------------------------------------------------
 inline float dot_f32(const float* a, const float* b, int64_t k) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return dot_f32_avx2(a, b, k);
-#endif
+  LM_X86(dot_f32_avx512(a, b, k), dot_f32_avx2(a, b, k))
+  LM_ARM(dot_f32_neon(a, b, k))
   return dot_f32_portable(a, b, k);
 }
 
 inline void weighted_rows_f32(const float* w, const float* rows, int64_t stride, int64_t T, int64_t n, float* out) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return weighted_rows_f32_avx2(w, rows, stride, T, n, out);
-#endif
+  LM_X86(weighted_rows_f32_avx512(w, rows, stride, T, n, out), weighted_rows_f32_avx2(w, rows, stride, T, n, out))
+  LM_ARM(weighted_rows_f32_neon(w, rows, stride, T, n, out))
   std::fill(out, out + n, 0.0f);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < n; ++c) out[c] += w[t] * rows[t * stride + c];
 }
 
 inline void dot_rows_f32(const float* x, const float* rows, int64_t stride, int64_t n, int64_t k, float* out) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return dot_rows_f32_avx2(x, rows, stride, n, k, out);
-#endif
-  for (int64_t i = 0; i < n; ++i) out[i] = dot_f32_portable(x, rows + i * stride, k);
+  LM_X86(dot_rows_f32_avx512(x, rows, stride, n, k, out), dot_rows_f32_avx2(x, rows, stride, n, k, out))
+  for (int64_t i = 0; i < n; ++i) out[i] = dot_f32(x, rows + i * stride, k);
 }
 
 inline void dot_rx3_f32(int rows, const float* const* a, const float* const* w, int64_t k, float* out) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) {
-    switch (rows) {
-      case 4: return dot_rx3_f32_avx2<4>(a, w, k, out);
-      case 3: return dot_rx3_f32_avx2<3>(a, w, k, out);
-      case 2: return dot_rx3_f32_avx2<2>(a, w, k, out);
-      case 1: return dot_rx3_f32_avx2<1>(a, w, k, out);
-    }
+#define LM_RX3(fn)                               \
+  switch (rows) {                                \
+    case 4: return fn<4>(a, w, k, out);          \
+    case 3: return fn<3>(a, w, k, out);          \
+    case 2: return fn<2>(a, w, k, out);          \
+    case 1: return fn<1>(a, w, k, out);          \
   }
+#ifdef LUMINAL_X86
+  if (isa_avx512()) { LM_RX3(dot_rx3_f32_avx512) }
+  if (isa_at_least_avx2()) { LM_RX3(dot_rx3_f32_avx2) }
 #endif
+#ifdef LUMINAL_ARM
+  if (isa_neon()) { LM_RX3(dot_rx3_f32_neon) }
+#endif
+#undef LM_RX3
   dot_rx3_f32_portable(rows, a, w, k, out);
 }
 
@@ -486,47 +712,35 @@ inline void dequant_blocks_portable(int block_bytes, const uint8_t* w, int64_t n
 }
 
 inline void dequant_blocks(int block_bytes, const uint8_t* w, int64_t nb, float* out) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return dequant_blocks_avx2(block_bytes, w, nb, out);
-#endif
+  LM_X86(dequant_blocks_avx2(block_bytes, w, nb, out), dequant_blocks_avx2(block_bytes, w, nb, out))
   dequant_blocks_portable(block_bytes, w, nb, out);
 }
 
 // y += alpha * x
 inline void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return axpy_f32_avx2(alpha, x, y, n);
-#endif
+  LM_X86(axpy_f32_avx512(alpha, x, y, n), axpy_f32_avx2(alpha, x, y, n))
+  LM_ARM(axpy_f32_neon(alpha, x, y, n))
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 inline void exp2_f32(const float* x, float* o, int64_t n) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return exp2_f32_avx2(x, o, n);
-#endif
+  LM_X86(exp2_f32_avx512(x, o, n), exp2_f32_avx2(x, o, n))
+  LM_ARM(exp2_f32_neon(x, o, n))
   for (int64_t i = 0; i < n; ++i) o[i] = float(std::exp2(double(x[i])));
 }
 
 inline void quantize_q8(const float* a, int64_t nb, int8_t* q, float* d, float* s) {
-#ifdef LUMINAL_X86
-  if (have_avx2()) return quantize_q8_avx2(a, nb, q, d, s);
-#endif
+  LM_X86(quantize_q8_avx2(a, nb, q, d, s), quantize_q8_avx2(a, nb, q, d, s))
+  LM_ARM(quantize_q8_neon(a, nb, q, d, s))
   quantize_q8_portable(a, nb, q, d, s);
 }
 
 // Whether dot_q8 wants the activations of a weight in `block_bytes` blocks laid out by pair_activations.
-inline bool wants_pairs(int block_bytes) {
-#ifdef LUMINAL_X86
-  return have_avx2() && block_bytes != 34;
-#else
-  (void)block_bytes;
-  return false;
-#endif
-}
+inline bool wants_pairs(int block_bytes) { return isa_at_least_avx2() && block_bytes != 34; }
 
-// Lays quantised activations out for dot_q4_pairs_avx2: each block pair (2k, 2k+1) as the low halves of both, then
-// the high halves (an odd last block stays as it is); in each whole group of eight blocks the scales and sums in
-// the order 0 2 4 6 1 3 5 7.
+// Lays quantised activations out for the x86 dot_q4_pairs: each block pair (2k, 2k+1) as the low halves of both,
+// then the high halves (an odd last block stays as it is); in each whole group of eight blocks the scales and sums
+// in the order 0 2 4 6 1 3 5 7.
 inline void pair_activations(int8_t* q, float* d, float* s, int64_t nb) {
   int8_t t[64];
   for (int64_t b = 0; b + 2 <= nb; b += 2) {
@@ -549,15 +763,27 @@ inline void pair_activations(int8_t* q, float* d, float* s, int64_t nb) {
   }
 }
 
+// The int8 dot products (VNNI and AVX2 give identical bits; NEON with or without dotprod the portable ones).
 inline float dot_q8(int block_bytes, const uint8_t* w, const int8_t* q, const float* d, const float* s, int64_t nb) {
 #ifdef LUMINAL_X86
-  if (have_avx2()) {
-    if (block_bytes == 34) return dot_q8_0_avx2(w, q, d, nb);
-    if (block_bytes == 20) return dot_q4_pairs_avx2<20>(w, q, d, s, nb);
-    return dot_q4_pairs_avx2<18>(w, q, d, s, nb);
+  if (isa_vnni()) {
+    if (block_bytes == 34) return q_vnni::dot_q8_0(w, q, d, nb);
+    if (block_bytes == 20) return q_vnni::dot_q4_pairs<20>(w, q, d, s, nb);
+    return q_vnni::dot_q4_pairs<18>(w, q, d, s, nb);
   }
+  if (isa_at_least_avx2()) {
+    if (block_bytes == 34) return q_avx2::dot_q8_0(w, q, d, nb);
+    if (block_bytes == 20) return q_avx2::dot_q4_pairs<20>(w, q, d, s, nb);
+    return q_avx2::dot_q4_pairs<18>(w, q, d, s, nb);
+  }
+#endif
+#ifdef LUMINAL_ARM
+  if (isa_dotprod()) return dot_q8_neon_dotprod(block_bytes, w, q, d, s, nb);
+  if (isa_neon()) return dot_q8_neon(block_bytes, w, q, d, s, nb);
 #endif
   return dot_q8_portable(block_bytes, w, q, d, s, nb);
 }
+#undef LM_X86
+#undef LM_ARM
 
 }  // namespace luminal::simd
