@@ -8,7 +8,8 @@ on load, so decoding reads half the bytes. Other inputs (KV caches, RoPE tables,
 the graph computes keep their own dtype; kernels compute in float32 registers (float64 where int32 values need
 exactness) and round every step to its node's dtype, as the reference executor does. One exception: with a 16-bit
 `dtype`, a matrix product over 16 or more rows (prefill, attention over a prompt) runs on tensor cores, which round
-both operands to `dtype` (float32 accumulators), as torch does in that dtype. With dtype=float32 the GPU
+both operands to `dtype` (float32 accumulators), as torch does in that dtype; so does attention (scores, softmax and
+weighted values: one flash-attention kernel), rounding q, k, the probabilities and v. With dtype=float32 the GPU
 computes what the reference computes, up to the rounding of the transcendental functions and the order of sums.
 
 Data stays on the GPU: inputs are uploaded when set (not again while unchanged), outputs are `luminal.DeviceArray`s
@@ -23,7 +24,8 @@ import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .compiler import (DeadNodeRemoval, ElementwiseFusion, MatMulLowering, QuantizedLowering, Sequence)
+from .compiler import (AttentionFusion, DeadNodeRemoval, ElementwiseFusion, MatMulLowering, QuantizedLowering,
+                       Sequence)
 
 CudaError = _core.CudaError
 DeviceArray = _core.DeviceArray
@@ -88,8 +90,10 @@ class CudaCompiler:
         if not self.dtype.is_float:
             raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
         self.device, self.host_fallback = device, host_fallback
-        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
-        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True), DeadNodeRemoval()]
+        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp);
+        # attention (scores, softmax, weighted values) into one flash-attention kernel.
+        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True),
+                       AttentionFusion(), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 namespace luminal {
@@ -266,6 +267,62 @@ struct Tiles {
   }
 };
 
+// The row program as softmax(x): x an element-wise function of the scores (scale, additive mask), then
+// exp2(c * (x - max x)) over its sum, c > 0 (what Tensor.softmax records). Such a program runs online (flash
+// attention): a running max and sum, rescaled as tiles of keys arrive, so the scores are never kept.
+struct SoftmaxForm {
+  int x = -1;    // the register holding x
+  double c = 1;  // exp2's scale
+};
+std::optional<SoftmaxForm> softmax_form(const Program& pr) {
+  const std::vector<Instr>& c = pr.code;
+  if (pr.reduce != Op::Input || c.empty()) return std::nullopt;
+  auto apply = [&](int r, Op op) {
+    return r >= 0 && c[size_t(r)].kind == Instr::Apply && c[size_t(r)].op == op && c[size_t(r)].dtype == DType::F32;
+  };
+  auto reduce = [&](int r, Op op, int of) {
+    return r >= 0 && c[size_t(r)].kind == Instr::Reduce && c[size_t(r)].op == op && c[size_t(r)].a == of;
+  };
+  // A binary step with an immediate operand: the other operand and the immediate.
+  auto with_imm = [&](int r, int* other, double* v) {
+    const Instr& in = c[size_t(r)];
+    for (int side = 0; side < 2; ++side) {
+      int a = side ? in.b : in.a, b = side ? in.a : in.b;
+      if (b >= 0 && c[size_t(b)].kind == Instr::Imm) {
+        *other = a;
+        *v = c[size_t(b)].imm;
+        return true;
+      }
+    }
+    return false;
+  };
+  int out = int(c.size()) - 1, e = -1;
+  if (!apply(out, Op::Mul)) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    int a = side ? c[size_t(out)].b : c[size_t(out)].a, r = side ? c[size_t(out)].a : c[size_t(out)].b;
+    if (apply(r, Op::Recip) && reduce(c[size_t(r)].a, Op::SumReduce, a)) e = a;
+  }
+  if (!apply(e, Op::Exp2)) return std::nullopt;
+  int t = c[size_t(e)].a;
+  double k = 1;
+  if (apply(t, Op::Mul)) {
+    int o = -1;
+    if (!with_imm(t, &o, &k) || !(k > 0)) return std::nullopt;
+    t = o;
+  }
+  if (!apply(t, Op::Add)) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    int x = side ? c[size_t(t)].b : c[size_t(t)].a, nm = side ? c[size_t(t)].a : c[size_t(t)].b, m = -1;
+    double neg = 0;
+    if (!apply(nm, Op::Mul) || !with_imm(nm, &m, &neg) || neg != -1 || !reduce(m, Op::MaxReduce, x)) continue;
+    std::vector<char> need = pr.needed_for(size_t(x));
+    bool elementwise = true;
+    for (size_t i = 0; i < c.size(); ++i) elementwise = elementwise && !(need[i] && c[i].kind == Instr::Reduce);
+    if (elementwise) return SoftmaxForm{x, k};
+  }
+  return std::nullopt;
+}
+
 class Generator {
  public:
   Generator(const Graph& g, DType compute, bool host_fallback)
@@ -348,6 +405,9 @@ class Generator {
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
   void dequant_step(Step& st, const Node& n, int block_bytes);
+  void attention_step(Step& st, const Node& n);
+  std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+                        const std::string& aliases, const std::vector<std::string>& args, int DH, int W);
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -824,6 +884,370 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
   st.variants = {{Variant::Elements, add_kernel(k.str())}};
 }
 
+// Attention (scores, row program and weighted values in one step; see AttentionPlan). Inputs: q, k, v, then the
+// program's other inputs. Views: q and k as the scores' product reads them, (rows..., keys, D); v as the output
+// product reads it, (rows..., N, keys); the program's inputs over P's rows, (rows..., keys). After the views: D, N,
+// Tq (consecutive rows that share k and v: a KV head's query rows, see Runtime::applies), the batches (rows / Tq),
+// the key ranges (splits), the keys per range and whether k's and v's rows take 16-byte loads. The kernels'
+// pointers: e<edge>, aliased in<i> for program input i as program_body names them, then the workspace.
+//
+// Variants, in order: FlashMma (flash_mma below: tensor cores, a 16-bit compute dtype, head sizes known when
+// printing, 64+ rows per Tq). Flash (float32, any softmax program): 16 query rows per block of 4 warps (4 rows
+// each), keys in tiles of 32 through shared memory with V's tile; a lane scores one key for its warp's 4 rows, the
+// warp keeps each row's running max and sum, and lane l accumulates output columns l, l+32, .. (D, N <= 128).
+// Both split the keys into ranges (grid z) when the tiles alone leave the GPU idle (decode over a long cache):
+// each range writes its max, sum and unnormalised row to a workspace, and `combine_fn` merges them. Last,
+// AttentionRows (any program): a block per row, a pass per Reduce step recomputing the scores, then the weighted
+// rows of V accumulated in the output.
+void Generator::attention_step(Step& st, const Node& n) {
+  const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
+  const Program& prog = plan.prog;
+  int ne = int(n.inputs.size()), S = plan.scores, np = ne - 2;
+  for (int k = 0; k < ne; ++k) st.views.push_back(slot(n, k));
+  layout(st);
+  int E = st.nparams;
+  st.nparams += 7;
+  auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
+  auto edge = [&](int i) { return 3 + i - (i > S ? 1 : 0); };
+  // The program's own view of its inputs (the scores' slot is never loaded: they come from registers).
+  Node pn = n;
+  pn.inputs.clear();
+  Step ps;
+  std::string aliases;
+  for (int i = 0; i < np; ++i) {
+    int e = i == S ? 0 : edge(i);
+    pn.inputs.push_back(n.inputs[size_t(e)]);
+    ps.views.push_back(st.views[size_t(e)]);
+    if (i != S) aliases += "  const void* in" + std::to_string(i) + " = e" + std::to_string(e) + ";\n";
+  }
+  int Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = ne > 3 ? st.views[3].rank : 0;
+  if (Rq < 2 || Rv < 2) throw std::logic_error("CUDA codegen: attention operands of rank < 2");
+  ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
+  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
+    std::string e = vt.off();
+    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
+    return e;
+  };
+  auto ld = [&](int e) { return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", "; };
+  std::vector<std::string> args = names("e", 0, ne);
+  args.push_back("ws");
+  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_";
+  bool dbl = double_registers(prog, pn);
+  std::string T = dbl ? "double" : "float";
+  auto body_of = [&](const std::vector<std::string>& idx, const std::vector<char>& need, size_t skip,
+                     const std::string& s) {
+    return program_body(prog, ps, pn, T, dbl, idx, need, skip, {{S, s}});
+  };
+  // The scores' row bases at flat row `row` (q's and k's view share their shape).
+  auto qk_bases = [&](const std::string& row) {
+    return "    {\n" + unravel(st.views[0], 0, Rq - 2, row, "a") + "    qb = " + base(q, "a", Rq - 2) +
+           "; kb = " + base(kv, "a", Rq - 2) + ";\n    }\n";
+  };
+  auto v_base = [&](const std::string& row) {
+    return "    {\n" + unravel(st.views[2], 0, Rv - 2, row, "a") + "    vb = " + base(v, "a", Rv - 2) + ";\n    }\n";
+  };
+
+  std::optional<SoftmaxForm> sm = softmax_form(prog);
+  bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
+  if (sm && !dbl && (compute_ == DType::BF16 || compute_ == DType::F16)) {
+    // Head sizes known when printing: the tensor-core kernel for them (D and N padded to a multiple of 16).
+    Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
+    if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
+      int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
+      st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
+    }
+  }
+  if (sm && !dbl) {
+    const int W = 4;  // rows per warp
+    Text f;
+    f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(args) << " {\n"
+      << "  __shared__ float Qs[16][128], Ks[32][129];\n  __shared__ __align__(16) float Vs[32][128];\n" << aliases
+      << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
+      << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
+      << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;\n"
+      << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+      << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+      << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
+      << "    i64 t0 = (i64)blockIdx.x * 16, rb_ = b * Tq + t0, qb, kb, vb;\n"
+      << qk_bases("rb_") << v_base("rb_")
+      << "    __syncthreads();\n"
+      << "    for (int x = tid; x < 16 * 128; x += 128) {\n"
+      << "      int rr = x >> 7, d = x & 127;\n      float val = 0.0f;\n"
+      << "      if (d < D && t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
+      << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << base(q, "a", Rq - 2) << " + d * "
+      << q.stride(Rq - 1) << ");\n      }\n      Qs[rr][d] = val;\n    }\n";
+    for (int i = 0; i < W; ++i) {
+      std::string I = std::to_string(i);
+      f << "    i64 row" << I << " = rb_ + w * " << W << " + " << I << ";\n    bool ok" << I << " = t0 + w * " << W
+        << " + " << I << " < Tq;\n    float m" << I << " = ninf, l" << I << " = 0.0f, acc" << I
+        << "[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n";
+      for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << I << "_" << d << " = 0;\n";
+      if (Rp > 1) {
+        f << "    if (ok" << I << ") {\n" << unravel(st.views[3], 0, Rp - 1, "row" + I, "u");
+        for (int d = 0; d + 1 < Rp; ++d) f << "    x" << I << "_" << d << " = u" << d << ";\n";
+        f << "    }\n";
+      }
+    }
+    f << "    for (i64 j0 = jlo; j0 < jhi; j0 += 32) {\n      __syncthreads();\n";
+    if (f32kv)  // p[E + 6]: rows of k and v contiguous and 16-byte aligned: 16-byte loads, all 16 in flight
+      f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int u = 0; u < 8; ++u) {\n"
+        << "          int x = tid + u * 128, jj = x >> 5, d = (x & 31) * 4;\n          i64 j = j0 + jj;\n"
+        << "          float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;\n"
+        << "          if (j < jhi) {\n            if (d < D) kx = *(const float4*)((const float*)e1 + kb + j * "
+        << kv.stride(Rq - 2) << " + d);\n            if (d < N) vx = *(const float4*)((const float*)e2 + vb + j * "
+        << v.stride(Rv - 1) << " + d);\n          }\n"
+        << "          Ks[jj][d] = kx.x; Ks[jj][d + 1] = kx.y; Ks[jj][d + 2] = kx.z; Ks[jj][d + 3] = kx.w;\n"
+        << "          *(float4*)&Vs[jj][d] = vx;\n        }\n      } else\n";
+    f << "      for (int x = tid; x < 32 * 128; x += 128) {\n        int jj = x >> 7, d = x & 127;\n"
+      << "        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
+      << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
+      << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
+      << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = kx;\n        Vs[jj][d] = vx;\n      }\n"
+      << "      __syncthreads();\n      i64 j = j0 + lane;\n      float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;\n"
+      << "#pragma unroll 4\n      for (int d = 0; d < D; ++d) {\n        float kk = Ks[lane][d];\n"
+      << "        s0 += Qs[w * 4][d] * kk;\n        s1 += Qs[w * 4 + 1][d] * kk;\n"
+      << "        s2 += Qs[w * 4 + 2][d] * kk;\n        s3 += Qs[w * 4 + 3][d] * kk;\n      }\n";
+    std::vector<char> need = prog.needed_for(size_t(sm->x));
+    for (int i = 0; i < W; ++i) {
+      std::string I = std::to_string(i);
+      std::vector<std::string> idx;
+      f << "      float pe" << I << " = 0.0f;\n      if (ok" << I << ") {\n        float x_ = ninf;\n"
+        << "        if (j < jhi) {\n";
+      for (int d = 0; d + 1 < Rp; ++d) {
+        f << "    i64 i" << d << " = x" << I << "_" << d << ";\n";
+        idx.push_back("i" + std::to_string(d));
+      }
+      f << "    i64 " << jn << " = j;\n";
+      idx.push_back(jn);
+      f << body_of(idx, need, size_t(-1), "s" + I) << "          x_ = (float)r" << sm->x << ";\n        }\n"
+        << "        float mn = op_max(m" << I << ", warp_max(x_)), mu = mn == ninf ? 0.0f : mn;\n"
+        << "        float al = op_exp2((m" << I << " - mu) * c_);\n"
+        << "        pe" << I << " = op_exp2((x_ - mu) * c_);\n"
+        << "        l" << I << " = l" << I << " * al + warp_sum(pe" << I << ");\n        m" << I << " = mn;\n"
+        << "#pragma unroll\n        for (int cc = 0; cc < 4; ++cc) acc" << I << "[cc] *= al;\n      }\n";
+    }
+    f << "#pragma unroll 4\n      for (int jj = 0; jj < 32; ++jj) {\n"
+      << "        float p0 = __shfl_sync(0xffffffffu, pe0, jj), p1 = __shfl_sync(0xffffffffu, pe1, jj);\n"
+      << "        float p2 = __shfl_sync(0xffffffffu, pe2, jj), p3 = __shfl_sync(0xffffffffu, pe3, jj);\n"
+      << "#pragma unroll\n        for (int cc = 0; cc < 4; ++cc) {\n          float vv = Vs[jj][lane + 32 * cc];\n"
+      << "          acc0[cc] += p0 * vv;\n          acc1[cc] += p1 * vv;\n          acc2[cc] += p2 * vv;\n"
+      << "          acc3[cc] += p3 * vv;\n        }\n      }\n    }\n";
+    // The rows: normalised, or this key range's partial result (max, sum, unnormalised row) for the combine.
+    f << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
+    for (int i = 0; i < W; ++i) {
+      std::string I = std::to_string(i);
+      f << "    if (ok" << I << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << I << ";\n"
+        << "#pragma unroll\n        for (int cc = 0; cc < 4; ++cc) {\n          i64 nn = lane + 32 * cc;\n"
+        << "          if (nn < N) o_[row" << I << " * N + nn] = acc" << I << "[cc] * inv;\n        }\n"
+        << "      } else {\n        float* part = w_ + (row" << I << " * nsplit + blockIdx.z) * (N + 2);\n"
+        << "        if (lane == 0) { part[0] = m" << I << "; part[1] = l" << I << "; }\n"
+        << "#pragma unroll\n        for (int cc = 0; cc < 4; ++cc) {\n          i64 nn = lane + 32 * cc;\n"
+        << "          if (nn < N) part[2 + nn] = acc" << I << "[cc];\n        }\n      }\n    }\n";
+    }
+    f << "  }\n}\n";
+    st.variants.push_back({Variant::Flash, add_kernel(f.str())});
+    // The combine: per output element, the ranges' rows rescaled to the common max.
+    Text c;
+    c << "extern \"C\" __global__ void NAME" << params(std::vector<std::string>{"ws"}) << " {\n"
+      << "  i64 N = " << P(1) << ", nsplit = " << P(4) << ";\n"
+      << "  if (nsplit == 1) return;  // (a CUDA graph keeps this launch when the keys are not split)\n"
+      << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+      << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1] * N; t += (i64)gridDim.x * blockDim.x) {\n"
+      << "    i64 row = t / N, nn = t % N;\n    const float* w_ = (const float*)ws + row * nsplit * (N + 2);\n"
+      << "    float M = ninf, L = 0.0f, a = 0.0f;\n"
+      << "    for (i64 z = 0; z < nsplit; ++z) M = op_max(M, w_[z * (N + 2)]);\n"
+      << "    float mu = M == ninf ? 0.0f : M;\n"
+      << "    for (i64 z = 0; z < nsplit; ++z) {\n      const float* part = w_ + z * (N + 2);\n"
+      << "      float sc = op_exp2((part[0] - mu) * c_);\n      L += part[1] * sc;\n      a += part[2 + nn] * sc;\n    }\n"
+      << "    ((float*)out)[t] = a * (1.0f / L);\n  }\n}\n";
+    st.combine_fn = add_kernel(c.str());
+  }
+
+  // Any program: a block per row.
+  Text g;
+  g << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(args) << " {\n"
+    << "  __shared__ " << T << " part[32];\n  __shared__ float pj_[256];\n" << aliases
+    << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ";\n  float* o_ = (float*)out;\n"
+    << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n    i64 qb, kb, vb;\n"
+    << qk_bases("row") << v_base("row");
+  if (Rp > 1) g << unravel(st.views[3], 0, Rp - 1, "row");
+  std::vector<std::string> idx = names("i", 0, Rp);
+  if (!Rp) idx.push_back(jn);
+  std::string score = "    float s_ = 0.0f;\n    for (i64 d = 0; d < D; ++d) s_ += " + ld(0) + "qb + " + jn + " * " +
+                      q.stride(Rq - 2) + " + d * " + q.stride(Rq - 1) + ") * " + ld(1) + "kb + " + jn + " * " +
+                      kv.stride(Rq - 2) + " + d * " + kv.stride(Rq - 1) + ");\n";
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.kind != Instr::Reduce) continue;
+    bool sum = in.op == Op::SumReduce;
+    g << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << (sum ? "(" + T + ")0" : lit(-INFINITY, !dbl))
+      << ";\n    for (i64 " << jn << " = threadIdx.x; " << jn << " < T; " << jn << " += blockDim.x) {\n" << score
+      << body_of(idx, prog.needed_for(i), i, "s_") << "    acc = " << (sum ? "acc + r" : "op_max(acc, r") << in.a
+      << (sum ? "" : ")") << ";\n    }\n    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T
+      << ">(block_reduce(acc, " << (sum ? "true" : "false") << ", part));\n    }\n";
+  }
+  size_t last = prog.code.size() - 1;
+  g << "    for (i64 nn = threadIdx.x; nn < N; nn += blockDim.x) o_[row * N + nn] = 0.0f;\n"
+    << "    for (i64 j0 = 0; j0 < T; j0 += blockDim.x) {\n      float pj = 0.0f;\n"
+    << "      { i64 " << jn << " = j0 + threadIdx.x;\n      if (" << jn << " < T) {\n" << score
+    << body_of(idx, prog.needed_for(last), size_t(-1), "s_") << "      pj = (float)r" << int(last) << ";\n      } }\n"
+    << "      __syncthreads();\n      pj_[threadIdx.x] = pj;\n      __syncthreads();\n"
+    << "      int cnt = (int)min((i64)blockDim.x, T - j0);\n"
+    << "      for (i64 nn = threadIdx.x; nn < N; nn += blockDim.x) {\n        float a = o_[row * N + nn];\n"
+    << "        for (int jj = 0; jj < cnt; ++jj) a += pj_[jj] * " << ld(2) << "vb + nn * " << v.stride(Rv - 2)
+    << " + (j0 + jj) * " << v.stride(Rv - 1) << ");\n        o_[row * N + nn] = a;\n      }\n    }\n  }\n}\n";
+  st.variants.push_back({Variant::AttentionRows, add_kernel(g.str())});
+}
+
+// Flash attention on tensor cores (mma.sync m16n8k16, q, k, p and v rounded to the 16-bit compute dtype, float32
+// accumulators, as the tensor-core MatMul). 16 query rows per warp, W warps per block, q fragments in registers;
+// keys in tiles of 64: K (key-major) and V (transposed) staged in shared memory in the compute dtype, S = Q K^T in
+// registers, the row program and the online softmax on S's fragments (a row spans the 4 lanes of a quad), then P,
+// repacked in registers as the A operand, times V. DH: the head sizes rounded up to 16 (D, N <= DH). Same parameter
+// slice, key ranges and workspace as Flash.
+std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+                                 const std::string& aliases, const std::vector<std::string>& args, int DH, int W) {
+  const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
+  const Program& prog = plan.prog;
+  int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
+  auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
+  ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
+  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
+    std::string e = vt.off();
+    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
+    return e;
+  };
+  auto ld = [&](int e) {
+    return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
+  };
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
+  std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
+  std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
+                    ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
+                    "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+  Text f;
+  std::string TH = std::to_string(32 * W);
+  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n"
+    << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "], Vt[" << DH << "][72];\n" << aliases
+    << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
+    << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, q2 = (lane & 3) * 2;\n"
+    << "  const float c_ = " << lit(sm.c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+    << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+    << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
+    << "    i64 t0 = (i64)blockIdx.x * " << 16 * W << ", rb_ = b * Tq + t0, kb, vb;\n"
+    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
+    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
+  // This thread's two rows (fragment rows g and g + 8 of its warp's 16): bases, validity, the program's indices.
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h);
+    f << "    i64 row" << H << " = rb_ + w * 16 + g + " << 8 * h << ", qb" << H << " = 0;\n"
+      << "    bool ok" << H << " = t0 + w * 16 + g + " << 8 * h << " < Tq;\n";
+    for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << H << "_" << d << " = 0;\n";
+    f << "    if (ok" << H << ") {\n" << unravel(st.views[0], 0, Rq - 2, "row" + H, "a") << "    qb" << H << " = "
+      << base(q, "a", Rq - 2) << ";\n";
+    if (Rp > 1) {
+      f << "    {\n" << unravel(st.views[3], 0, Rp - 1, "row" + H, "u");
+      for (int d = 0; d + 1 < Rp; ++d) f << "    x" << H << "_" << d << " = u" << d << ";\n";
+      f << "    }\n";
+    }
+    f << "    }\n";
+  }
+  // Q's A fragments: a0 (row g, k q2..), a1 (row g+8, k q2..), a2 (row g, k q2+8..), a3 (row g+8, k q2+8..).
+  f << "    unsigned qf[" << D16 << "][4];\n#pragma unroll\n    for (int ks = 0; ks < " << D16 << "; ++ks)\n"
+    << "#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
+    << "        bool ok = (e & 1) ? ok1 : ok0;\n        i64 qb = (e & 1) ? qb1 : qb0;\n"
+    << "        int c = ks * 16 + q2 + (e >> 1) * 8;\n"
+    << "        float x0 = ok && c < D ? " << ld(0) << "qb + c * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+    << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+    << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
+    << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
+    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
+    << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n      __syncthreads();\n";
+  // The tiles: K as Ks[key][d], V transposed as Vt[n][key], in the compute dtype, zeros outside.
+  if (f32kv)
+    f << "      if (" << P(6) << ") {\n#pragma unroll 4\n        for (int x = tid; x < 64 * " << DH / 4
+      << "; x += " << TH << ") {\n          int jj = x / " << DH / 4 << ", d = (x % " << DH / 4 << ") * 4;\n"
+      << "          i64 j = j0 + jj;\n          float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;\n"
+      << "          if (j < jhi) {\n            if (d < D) kx = *(const float4*)((const float*)e1 + kb + j * "
+      << kv.stride(Rq - 2) << " + d);\n            if (d < N) vx = *(const float4*)((const float*)e2 + vb + j * "
+      << v.stride(Rv - 1) << " + d);\n          }\n"
+      << "          *(uint2*)&Ks[jj][d] = make_uint2((unsigned)" << cv << "(kx.x) | ((unsigned)" << cv
+      << "(kx.y) << 16), (unsigned)" << cv << "(kx.z) | ((unsigned)" << cv << "(kx.w) << 16));\n"
+      << "          Vt[d][jj] = " << cv << "(vx.x); Vt[d + 1][jj] = " << cv << "(vx.y); Vt[d + 2][jj] = " << cv
+      << "(vx.z); Vt[d + 3][jj] = " << cv << "(vx.w);\n        }\n      } else\n";
+  f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
+    << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
+    << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
+    << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
+    << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        Vt[d][jj] = " << cv
+    << "(vx);\n      }\n      __syncthreads();\n";
+  // S = Q K^T: 8 tiles of 8 keys; element e of tile t is (row g + 8 * (e >> 1), key t * 8 + q2 + (e & 1)).
+  f << "      float s[8][4];\n#pragma unroll\n      for (int t = 0; t < 8; ++t) {\n"
+    << "        float* C = s[t];\n        C[0] = C[1] = C[2] = C[3] = 0.0f;\n"
+    << "#pragma unroll\n        for (int ks = 0; ks < " << D16 << "; ++ks) {\n"
+    << "          const unsigned* A = qf[ks];\n"
+    << "          unsigned B0 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2], B1 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2 + 8];\n"
+    << "          " << mma << "\n        }\n      }\n";
+  // The row program on each score, then the online softmax per row (max and sum over the quad).
+  std::vector<std::string> idx;
+  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_";
+  f << "      float mx0 = ninf, mx1 = ninf;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
+    << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
+    << "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
+    << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n";
+  for (int d = 0; d + 1 < Rp; ++d) {
+    f << "    i64 i" << d << " = (e >> 1) ? x1_" << d << " : x0_" << d << ";\n";
+    idx.push_back("i" + std::to_string(d));
+  }
+  f << "    i64 " << jn << " = j;\n";
+  idx.push_back(jn);
+  f << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), {{plan.scores, "s[t][e]"}})
+    << "          x_ = (float)r" << sm.x << ";\n          }\n          s[t][e] = x_;\n"
+    << "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n"
+    << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+    << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
+    << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
+    << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
+    << "      float mn0 = op_max(m0, mx0), mn1 = op_max(m1, mx1);\n"
+    << "      float mu0 = mn0 == ninf ? 0.0f : mn0, mu1 = mn1 == ninf ? 0.0f : mn1;\n"
+    << "      float al0 = op_exp2((m0 - mu0) * c_), al1 = op_exp2((m1 - mu1) * c_);\n"
+    << "      m0 = mn0;\n      m1 = mn1;\n      l0 *= al0;\n      l1 *= al1;\n"
+    << "#pragma unroll\n      for (int t = 0; t < " << D8 << "; ++t) { o[t][0] *= al0; o[t][1] *= al0; o[t][2] *= al1; o[t][3] *= al1; }\n"
+    << "#pragma unroll\n      for (int t = 0; t < 8; ++t) {\n"
+    << "        s[t][0] = op_exp2((s[t][0] - mu0) * c_); s[t][1] = op_exp2((s[t][1] - mu0) * c_);\n"
+    << "        s[t][2] = op_exp2((s[t][2] - mu1) * c_); s[t][3] = op_exp2((s[t][3] - mu1) * c_);\n"
+    << "        l0 += s[t][0] + s[t][1];\n        l1 += s[t][2] + s[t][3];\n      }\n"
+    // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..).
+    << "#pragma unroll\n      for (int kt = 0; kt < 4; ++kt) {\n        unsigned A[4];\n"
+    << "        A[0] = (unsigned)" << cv << "(s[2 * kt][0]) | ((unsigned)" << cv << "(s[2 * kt][1]) << 16);\n"
+    << "        A[1] = (unsigned)" << cv << "(s[2 * kt][2]) | ((unsigned)" << cv << "(s[2 * kt][3]) << 16);\n"
+    << "        A[2] = (unsigned)" << cv << "(s[2 * kt + 1][0]) | ((unsigned)" << cv << "(s[2 * kt + 1][1]) << 16);\n"
+    << "        A[3] = (unsigned)" << cv << "(s[2 * kt + 1][2]) | ((unsigned)" << cv << "(s[2 * kt + 1][3]) << 16);\n"
+    << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          float* C = o[t];\n"
+    << "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
+    << "          " << mma << "\n        }\n      }\n    }\n";
+  // The rows: the quad's sums, then normalised rows, or this key range's partial result.
+  f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
+    << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
+    << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h), e0 = std::to_string(2 * h), e1 = std::to_string(2 * h + 1);
+    f << "    if (ok" << H << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << H << ";\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) o_[row" << H << " * N + c] = o[t][" << e0 << "] * inv;\n"
+      << "          if (c + 1 < N) o_[row" << H << " * N + c + 1] = o[t][" << e1 << "] * inv;\n        }\n"
+      << "      } else {\n        float* part = w_ + (row" << H << " * nsplit + blockIdx.z) * (N + 2);\n"
+      << "        if ((lane & 3) == 0) { part[0] = m" << H << "; part[1] = l" << H << "; }\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) part[2 + c] = o[t][" << e0 << "];\n"
+      << "          if (c + 1 < N) part[3 + c] = o[t][" << e1 << "];\n        }\n      }\n    }\n";
+  }
+  f << "  }\n}\n";
+  return add_kernel(f.str());
+}
+
 // The group kernel: a warp per row of the stacked outputs; a unit (one member, or the members one epilogue reads)
 // computes its members' dot products for the row together, sharing the activation loads, then stores them or
 // evaluates the epilogue at that element. Variables are shadowed (p, in<k>, out) so that the view text of each
@@ -954,6 +1378,8 @@ Module Generator::run() {
       qmatmul_step(st, n, format_info(q->format).block_bytes);
     } else if (const DequantOp* d = op_as<DequantOp>(n)) {
       dequant_step(st, n, format_info(d->format).block_bytes);
+    } else if (op_as<AttentionOp>(n)) {
+      attention_step(st, n);
     } else {
       std::string why = op_as<HostOp>(n) ? ": it is a user op with only a CPU kernel (CudaCompiler(host_fallback="
                                            "True) runs such ops on the host, copying their inputs and result)"
@@ -981,7 +1407,7 @@ Module Generator::run() {
 const char* prelude() { return kPrelude; }
 
 const char* variant_name(Variant::Kind k) {
-  static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma"};
+  static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma"};
   return names[k];
 }
 

@@ -39,6 +39,10 @@ struct Variant {
     MatVec,       // MatMul, a warp per output with 16-byte loads: contiguous, aligned rows
     Tiled,        // MatMul over rows sharing the weights (prefill), 64 x 64 tiles in shared memory
     TensorCore,   // the same with mma.sync, operands rounded to the 16-bit compute dtype
+    Flash,        // Attention: 16 query rows per block against tiles of keys and values in shared memory, softmax
+                  // online, float32 (see attention_step in codegen.cpp)
+    AttentionRows,  // Attention, any row program and views: a block per query row, a pass per Reduce step
+    FlashMma,     // Flash on tensor cores (mma.sync, a 16-bit compute dtype): 128 query rows per block
   } kind;
   std::string fn;
 };
@@ -52,6 +56,8 @@ struct Step {
   std::string rows_fn;            // Scatter: the rows' writes, after the variant's copy of the destination (unless
                                   // the rows go into the destination in place)
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
+  std::string combine_fn;         // Attention split over key ranges (flash-decoding): merges the ranges' partial
+                                  // results, after the Flash variant, when the runtime split the keys
   const std::string& fn() const { return variants.front().fn; }
 };
 

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <numeric>
 
 #include "core/lower/ops.h"
 #include "core/plan.h"
@@ -277,6 +278,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     const Node& n = g_.node(cs.node);
     for (const Variant& v : s_.steps[i].variants) load(v.fn);
     load(s_.steps[i].rows_fn);
+    load(s_.steps[i].combine_fn);
     L_.slot.push_back(nparams);
     if (cs.kind == luminal::Step::Kernel) nparams += size_t(s_.steps[i].nparams);
     if (cs.kind == luminal::Step::Constant) {
@@ -300,6 +302,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   L_.variant.assign(ns, 0);
   L_.grid.assign(ns, {1, 1, 1});
   L_.threads.assign(ns, 256);
+  L_.extra.assign(ns, 0);
   auto labels = std::make_shared<std::vector<std::string>>(g_.size());
   for (int64_t id = 0; id < int64_t(g_.size()); ++id) (*labels)[size_t(id)] = op_label(g_.node(id));
   labels_ = labels;
@@ -346,6 +349,56 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       L_.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       return true;
     case Variant::MatVec: return out_n != 0 && rows_aligned(cv[0], cv[1]);
+    case Variant::Flash: case Variant::FlashMma: {
+      // q read once per row (broadcast over the keys); a tile of rows shares k and v: consecutive rows along the
+      // trailing row axes over which neither moves (the query rows of one head, and the query heads of a KV head).
+      const ConcreteView &q = cv[0], &k = cv[1], &vv = cv[2];
+      size_t rq = q.shape.size(), rv = vv.shape.size();
+      size_t E = L_.extra[i];
+      int64_t D = p[E], N = p[E + 1], T = p[2], rows = L_.items[i];
+      int64_t R = v.kind == Variant::Flash ? 16 : 128;  // query rows per block
+      if (out_n == 0 || rq < 2 || rv < 2 || D > 128 || N > 128 || q.strides[rq - 2] != 0) return false;
+      auto shared_rows = [](const ConcreteView& x, size_t nrow) {
+        int64_t c = 1;
+        for (size_t d = nrow; d-- > 0;) {
+          if (x.strides[d] != 0 && x.shape[d] != 1) break;
+          c *= x.shape[d];
+        }
+        return c;
+      };
+      int64_t Tq = std::gcd(shared_rows(k, rq - 2), shared_rows(vv, rv - 2));
+      if (Tq <= 0 || rows % Tq) return false;
+      // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
+      // query heads) go to the SIMT kernel, which holds more loads in flight.
+      if (v.kind != Variant::Flash && Tq < R / 2) return false;
+      int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
+      // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
+      // four blocks per multiprocessor, at least 128 keys per range.
+      int64_t splits = 1, chunk = T;
+      if (tiles < 2 * int64_t(sms_) && T > 256) {
+        int64_t want = (4 * int64_t(sms_) + tiles - 1) / tiles;
+        chunk = std::max<int64_t>(128, ((T + want - 1) / want + 63) / 64 * 64);
+        splits = (T + chunk - 1) / chunk;
+      }
+      if (splits > 65535 || (Tq + R - 1) / R > 65535) return false;
+      p[E + 2] = Tq;
+      p[E + 3] = B;
+      p[E + 4] = splits;
+      p[E + 5] = std::max<int64_t>(chunk, 1);
+      // 16-byte loads of k's and v's rows (float32 storage: the kernels check that themselves).
+      bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % 4 == 0 && N % 4 == 0 && k.offset % 4 == 0 &&
+                 vv.offset % 4 == 0;
+      for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % 4 == 0;
+      for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % 4 == 0);
+      p[E + 6] = vec;
+      L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
+      L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
+      ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
+      return true;
+    }
+    case Variant::AttentionRows:
+      L_.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(L_.items[i], int64_t(sms_) * 16))), 1, 1};
+      return true;
     case Variant::Tiled: case Variant::TensorCore: {
       // [batch..., M, N, K] where a does not depend on n nor b on m, with enough rows to share the weights.
       const ConcreteView &a = cv[0], &b = cv[1];
@@ -403,7 +456,17 @@ void Runtime::configure(size_t i) {
     }
   }
   int64_t out_n = numel_of(shape);
-  if (st.block_bytes && op_as<QMatMulOp>(n)) {
+  if (op_as<AttentionOp>(n)) {  // p[2]: keys; after the views: D, N (the rest set by the variant)
+    const ConcreteView &q = cv[0], &vv = cv[2];
+    size_t rq = q.shape.size(), rv = vv.shape.size();
+    int64_t N = vv.shape[rv - 2];
+    L_.extra[i] = size_t(st.nparams - 7);
+    p[2] = q.shape[rq - 2];
+    p[L_.extra[i]] = q.shape[rq - 1];
+    p[L_.extra[i] + 1] = N;
+    p[L_.extra[i] + 4] = 1;
+    L_.items[i] = N ? out_n / N : 0;
+  } else if (st.block_bytes && op_as<QMatMulOp>(n)) {
     const ConcreteView& a = cv[0];
     size_t r = a.shape.size();
     int64_t K = a.shape[r - 1], N = a.shape[r - 2], rows = 0;
@@ -443,7 +506,7 @@ void Runtime::configure(size_t i) {
       L_.variant[i] = v;
       break;
     }
-  if (!st.rows_fn.empty()) {  // Scatter: rows of the index
+  if (!st.rows_fn.empty() && n.op == Op::Scatter) {  // Scatter: rows of the index
     int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
     if (!shape.empty() && shape[0] == 0) row = 0;
     p[3] = row;
@@ -486,6 +549,10 @@ void Runtime::upload_plan() {
     params_ = device_alloc(pbytes);
     lo_slot = 0;
     hi_slot = L_.params.size();
+  }
+  if (ws_bytes_ && (!ws_ || ws_->bytes < ws_bytes_)) {
+    ws_.reset();
+    ws_ = device_alloc(size_class(ws_bytes_));
   }
   if (!arena_ || arena_->bytes < plan_.arena_bytes()) {
     arena_.reset();
@@ -874,6 +941,16 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::BlockPerRow: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), L_.threads[i]); break;
           case Variant::Tiled: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data()); break;
           case Variant::TensorCore: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 128); break;
+          case Variant::Flash: case Variant::FlashMma: case Variant::AttentionRows: {
+            ptrs.push_back(ws_ ? ws_->ptr : 0);
+            unsigned threads = v.kind == Variant::Flash ? 128 : 256;
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads);
+            if (v.kind != Variant::AttentionRows) {
+              std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};
+              launch(st.combine_fn, id, slot, L_.rows_items[i], false, comb);
+            }
+            break;
+          }
         }
         if (!st.rows_fn.empty()) launch(st.rows_fn, id, slot, L_.rows_items[i], false, ptrs);
         break;

@@ -87,6 +87,7 @@ class Runtime {
     std::vector<size_t> variant;              // per step: the index of its variant (Step::variants) these dims allow
     std::vector<std::array<unsigned, 3>> grid;  // per step: an explicit grid (tiled products, blocks per row)
     std::vector<unsigned> threads;            // per step: the block-per-row kernel's block size
+    std::vector<size_t> extra;                // per step: Attention's first slot after its views
     std::unordered_map<int64_t, Buffer> iota;   // host values of Iota nodes
     std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
   };
@@ -153,6 +154,8 @@ class Runtime {
 
  private:
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
+  std::shared_ptr<DeviceBuffer> ws_;  // attention split over key ranges: the ranges' partial rows
+  size_t ws_bytes_ = 0;               // what the plans so far need of it
   int sms_ = 1;
   bool graphs_on_ = false, has_host_steps_ = false;
   std::vector<CUdeviceptr> scratch_ptrs_, ptr_;
