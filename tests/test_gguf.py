@@ -116,7 +116,7 @@ METADATA = {
 }
 
 
-def _synthetic(path: Path, seed: int = 0, with_q5k: bool = False) -> dict:
+def _synthetic(path: Path, seed: int = 0, with_iq2: bool = False) -> dict:
     """Write a small GGUF with F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors; return what is expected."""
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), "llama")
@@ -154,8 +154,8 @@ def _synthetic(path: Path, seed: int = 0, with_q5k: bool = False) -> dict:
         w.add_tensor(name, raw, raw_dtype=getattr(Q, name.upper()))
         expect[name] = (name.upper(), exp, fields)
 
-    if with_q5k:
-        w.add_tensor("q5k", rng.integers(0, 255, (2, 176), dtype=np.uint8), raw_dtype=Q.Q5_K)
+    if with_iq2:  # a type we cannot dequantise
+        w.add_tensor("iq2", rng.integers(0, 255, (2, 66), dtype=np.uint8), raw_dtype=Q.IQ2_XXS)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -420,6 +420,169 @@ def test_synthetic_dequantize(synth):
         np.testing.assert_array_equal(all_[name], exp)
 
 
+# k-quants and Q5_0/Q5_1: gguf.quants cannot quantise them, so blocks are random bytes with finite scales.
+# byte offsets of each block's float16 scales (Q8_K: one float32)
+_SCALES = {"Q5_0": (0,), "Q5_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+           "Q6_K": (208,), "Q8_K": ()}
+
+
+def random_blocks(rng, qtype: str, rows: int, cols: int, scale: float = 0.05) -> np.ndarray:
+    """uint8 (rows, bytes per row) of random blocks of `qtype` whose scales are finite float16 (float32 for Q8_K)."""
+    bs, ts = gguf_pkg.GGML_QUANT_SIZES[Q[qtype]]
+    blocks = rng.integers(0, 256, (rows * cols // bs, ts), dtype=np.uint8)
+    for off in _SCALES[qtype]:
+        blocks[:, off:off + 2] = (rng.standard_normal(len(blocks)) * scale).astype("<f2").view(np.uint8).reshape(-1, 2)
+    if qtype == "Q8_K":
+        blocks[:, :4] = (rng.standard_normal(len(blocks)) * scale).astype("<f4").view(np.uint8).reshape(-1, 4)
+    return blocks.reshape(rows, -1)
+
+
+def q4_k_reference(raw: np.ndarray) -> np.ndarray:
+    """llama.cpp's dequantize_row_q4_K, written out block by block (independently of gguf.quants)."""
+    out = []
+    for b in raw.reshape(-1, 144):
+        d, dmin = b[0:2].view("<f2")[0].astype(np.float32), b[2:4].view("<f2")[0].astype(np.float32)
+        sc, q = b[4:16].astype(np.int32), b[16:]
+
+        def scale_min(j):
+            if j < 4:
+                return sc[j] & 63, sc[j + 4] & 63
+            return (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
+        y = []
+        for j in range(4):  # 64 values: 32 low nibbles, then 32 high nibbles of the same 32 bytes
+            (s1, m1), (s2, m2) = scale_min(2 * j), scale_min(2 * j + 1)
+            qq = q[32 * j:32 * j + 32]
+            y.append(d * np.float32(s1) * (qq & 0xF).astype(np.float32) - dmin * np.float32(m1))
+            y.append(d * np.float32(s2) * (qq >> 4).astype(np.float32) - dmin * np.float32(m2))
+        out.append(np.concatenate(y))
+    return np.concatenate(out).reshape(raw.shape[0], -1)
+
+
+def q6_k_reference(raw: np.ndarray) -> np.ndarray:
+    """llama.cpp's dequantize_row_q6_K, written out block by block."""
+    out = []
+    for b in raw.reshape(-1, 210):
+        ql, qh, sc = b[:128].astype(np.int32), b[128:192].astype(np.int32), b[192:208].view(np.int8)
+        d = b[208:210].view("<f2")[0].astype(np.float32)
+        y = np.zeros(256, np.float32)
+        for half in range(2):
+            l, h, s = ql[64 * half:], qh[32 * half:], sc[8 * half:].astype(np.float32)
+            for i in range(32):
+                q = [((l[i] & 0xF) | (((h[i] >> 0) & 3) << 4)) - 32,
+                     ((l[i + 32] & 0xF) | (((h[i] >> 2) & 3) << 4)) - 32,
+                     ((l[i] >> 4) | (((h[i] >> 4) & 3) << 4)) - 32,
+                     ((l[i + 32] >> 4) | (((h[i] >> 6) & 3) << 4)) - 32]
+                for k in range(4):
+                    y[128 * half + i + 32 * k] = d * s[i // 16 + 2 * k] * np.float32(q[k])
+        out.append(y)
+    return np.concatenate(out).reshape(raw.shape[0], -1)
+
+
+def test_k_quants_match_gguf_and_llama_cpp(tmp_path):
+    """Every type dequantised at load, in a file written by GGUFWriter, against gguf's dequantize (and, for Q4_K and
+    Q6_K, llama.cpp's algorithm written out here; Q8_K, which gguf cannot dequantise, against d * qs)."""
+    rng = np.random.default_rng(7)
+    p = tmp_path / "kq.gguf"
+    w = GGUFWriter(str(p), "llama")
+    shapes = {"Q5_0": (3, 64), "Q5_1": (2, 96), "Q2_K": (3, 256), "Q3_K": (2, 512), "Q4_K": (5, 256),
+              "Q5_K": (2, 256), "Q6_K": (3, 512), "Q8_K": (2, 256)}
+    raws = {}
+    for qtype, (rows, cols) in shapes.items():
+        raws[qtype] = random_blocks(rng, qtype, rows, cols)
+        w.add_tensor(qtype.lower(), raws[qtype], raw_dtype=Q[qtype])
+    w.add_tensor("q4_k_3d", random_blocks(rng, "Q4_K", 6, 256).reshape(2, 3, 144), raw_dtype=Q.Q4_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    g = GGUFFile(p)
+    for qtype, (rows, cols) in shapes.items():
+        t = g.tensors[qtype.lower()]
+        assert t.type_name == qtype and t.shape == (rows, cols) and t.raw().nbytes == raws[qtype].nbytes
+        ours = g.dequantize(qtype.lower())
+        assert ours.dtype == np.float32 and ours.shape == (rows, cols) and np.isfinite(ours).all()
+        assert np.abs(ours).max() > 0, qtype
+        if qtype == "Q8_K":
+            b = raws[qtype].reshape(-1, 292)
+            want = b[:, :4].copy().view("<f4") * b[:, 4:260].view(np.int8).astype(np.float32)
+            np.testing.assert_array_equal(ours, want.reshape(rows, cols))
+            continue
+        np.testing.assert_array_equal(ours, ref_dequantize(raws[qtype], Q[qtype]), err_msg=qtype)
+    np.testing.assert_allclose(g.dequantize("q4_k"), q4_k_reference(raws["Q4_K"]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(g.dequantize("q6_k"), q6_k_reference(raws["Q6_K"]), rtol=1e-6, atol=1e-6)
+    t3 = g.dequantize("q4_k_3d")
+    assert t3.shape == (2, 3, 256)
+    np.testing.assert_array_equal(t3.reshape(6, 256), ref_dequantize(g.raw("q4_k_3d").reshape(6, 144), Q.Q4_K))
+
+
+def test_k_quant_dequantised_in_chunks(tmp_path, monkeypatch):
+    """A big tensor is dequantised a chunk of rows at a time (bounded temporaries): same result as in one piece."""
+    import luminal.gguf as lg
+
+    rng = np.random.default_rng(3)
+    p = tmp_path / "big.gguf"
+    w = GGUFWriter(str(p), "llama")
+    raw = random_blocks(rng, "Q6_K", 37, 512)
+    w.add_tensor("w", raw, raw_dtype=Q.Q6_K)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    monkeypatch.setattr(lg, "_DEQUANT_CHUNK_BYTES", 5 * 512 * 4)  # 5 rows a chunk: 8 chunks, the last partial
+    np.testing.assert_array_equal(GGUFFile(p).dequantize("w"), ref_dequantize(raw, Q.Q6_K))
+
+
+def test_k_quant_llama_matches_transformers(tmp_path):
+    """A llama GGUF whose matrices are Q4_K / Q6_K (as llama.cpp's Q4_K_M mixes them) loads through load_llama, with
+    the dequantised weights (q/k rows un-permuted), and runs like transformers' Llama given those weights."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from luminal.loaders import load_llama
+    from luminal.nn import Session
+    from luminal.nn.llama import gguf_state_dict
+
+    rng = np.random.default_rng(5)
+    p = tmp_path / "tiny_q4km.gguf"
+    hidden, ffn, heads, vocab = 256, 512, 4, 64
+    w = GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    mats = {"token_embd.weight": (vocab, hidden, "Q6_K"), "blk.0.attn_q.weight": (hidden, hidden, "Q4_K"),
+            "blk.0.attn_k.weight": (hidden, hidden, "Q4_K"), "blk.0.attn_v.weight": (hidden, hidden, "Q6_K"),
+            "blk.0.attn_output.weight": (hidden, hidden, "Q4_K"), "blk.0.ffn_gate.weight": (ffn, hidden, "Q4_K"),
+            "blk.0.ffn_up.weight": (ffn, hidden, "Q4_K"), "blk.0.ffn_down.weight": (hidden, ffn, "Q6_K")}
+    for name, (rows, cols, qtype) in mats.items():
+        w.add_tensor(name, random_blocks(rng, qtype, rows, cols, scale=2e-3), raw_dtype=Q[qtype])
+    for name in ("blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"):
+        w.add_tensor(name, (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    model, tok = load_llama(p, progress=False)
+    assert tok is None
+    g = GGUFFile(p)
+    sd = gguf_state_dict(g, model.config, progress=False)
+    np.testing.assert_array_equal(sd["model.layers.0.mlp.down_proj.weight"], g.dequantize("blk.0.ffn_down.weight"))
+    np.testing.assert_array_equal(sd["model.layers.0.self_attn.q_proj.weight"],
+                                  unpermute_qk(g.dequantize("blk.0.attn_q.weight"), heads))
+    ref = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=1, num_attention_heads=heads,
+        num_key_value_heads=heads, rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=64)).eval()
+    missing, unexpected = ref.load_state_dict({k: torch.from_numpy(v) for k, v in sd.items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    ids = [3, 17, 42, 5, 63, 0]
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(want).max() > 0.1  # the comparison is not of near-zero numbers
+    np.testing.assert_allclose(Session(model, last_only=False).step(ids), want, atol=1e-3, rtol=1e-3)
+
+
 def test_type_table_matches_reference():
     for qt in Q:
         if qt.value in GGML_BLOCK_SIZES and qt != Q.Q8_1:  # gguf-py's Q8_1 size predates f16 d/s
@@ -513,30 +676,30 @@ def test_tensor_offset_out_of_bounds(synth, tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    p = tmp_path / "q5k.gguf"
-    _synthetic(p, with_q5k=True)
+    p = tmp_path / "iq2.gguf"
+    _synthetic(p, with_iq2=True)
     g = GGUFFile(p)  # opening is fine: the type's size is known
-    t = g.tensors["q5k"]
-    assert t.type_name == "Q5_K" and t.shape == (2, 256)
-    assert t.raw().nbytes == 2 * 176
+    t = g.tensors["iq2"]
+    assert t.type_name == "IQ2_XXS" and t.shape == (2, 256)
+    assert t.raw().nbytes == 2 * 66
     for fn in (g.dequantize, g.quant_blocks):
         with pytest.raises(GGUFError) as ei:
-            fn("q5k")
+            fn("iq2")
         msg = str(ei.value)
-        assert "Q5_K" in msg and "q5k" in msg and str(p) in msg
+        assert "IQ2_XXS" in msg and "iq2" in msg and str(p) in msg
     # a type id this reader has never heard of
     data = bytearray(p.read_bytes())
-    pos = _tensor_field(p, "q5k")
+    pos = _tensor_field(p, "iq2")
     n_dims = struct.unpack_from("<I", data, pos)[0]
     struct.pack_into("<I", data, pos + 4 + 8 * n_dims, 200)
     p2 = tmp_path / "unknown_type.gguf"
     p2.write_bytes(bytes(data))
     g2 = GGUFFile(p2)
     with pytest.raises(GGUFError) as ei:
-        g2.dequantize("q5k")
-    assert "200" in str(ei.value) and "q5k" in str(ei.value) and str(p2) in str(ei.value)
+        g2.dequantize("iq2")
+    assert "200" in str(ei.value) and "iq2" in str(ei.value) and str(p2) in str(ei.value)
     with pytest.raises(GGUFError):
-        g2.tensors["q5k"].raw()
+        g2.tensors["iq2"].raw()
 
 
 # hand-built files for metadata corruption

@@ -1,7 +1,7 @@
-"""A reader for GGUF model files (versions 2 and 3), in pure Python and numpy.
+"""GGUF model files (versions 2 and 3), parsed by the `gguf` package's ``GGUFReader`` (maintained with llama.cpp).
 
-Opening a file parses the header, the metadata and the tensor table, and memory-maps the
-file; no tensor data is read until asked for::
+Opening a file reads its header, metadata and tensor table over a memory map; no tensor data is read until
+asked for::
 
     g = GGUFFile("model.gguf")
     g.metadata["general.architecture"]          # 'llama'
@@ -11,25 +11,18 @@ file; no tensor data is read until asked for::
     g.dequantize("blk.0.attn_q.weight")          # float32 ndarray of t.shape
     g.quant_blocks("blk.0.attn_q.weight")        # {'d':..., 'm':..., 'qs':...} views
 
-Layout of a GGUF file (all little-endian)::
-
-    magic "GGUF" | version u32 | tensor_count u64 | kv_count u64
-    kv_count x   (key: string, value_type: u32, value)
-    tensor_count x (name: string, n_dims: u32, dims: u64 x n_dims (fastest first),
-                    ggml_type: u32, offset: u64 relative to the data section)
-    padding to `general.alignment` (default 32) | tensor data
-
-where a string is a u64 byte length followed by UTF-8 bytes, and an array value is
-(element_type u32, count u64, elements).
-
-Every problem with a file raises :class:`GGUFError` (a ``ValueError``) whose message starts
-with the file's path.  All lengths read from the file are checked against its size, so a
-corrupt file can neither crash the reader nor make it allocate or loop without bound.
+What is ours on top of the reader: safety on files from strangers (every read is bounds-checked, counts are
+checked against the file's size before anything loops over them, tensor data must lie inside the file without
+overlapping), so every problem raises :class:`GGUFError` (a ``ValueError``) whose message starts with the file's
+path and names the entry; metadata as plain Python values (large arrays such as a vocabulary decoded on first
+use); the ggml types' dequantisation: zero-copy block views for Q8_0/Q4_0/Q4_1 (which have kernels), and
+``gguf.quants`` for the k-quants and Q5_0/Q5_1 (dequantised to float32 at load); llama hyper-parameters.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import mmap
 import os
@@ -56,9 +49,9 @@ __all__ = [
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
-DEFAULT_ALIGNMENT = 32
 MAX_ARRAY_NESTING = 64
 MAX_DIMS = 8
+MAX_COUNT = 1 << 24  # above any real model's size, layer or vocabulary count; keeps products of them in int64
 
 
 class GGUFError(ValueError):
@@ -151,7 +144,10 @@ GGML_TYPE_NAMES: dict[int, str] = {k: v[0] for k, v in _TYPE_TABLE.items()}
 #: ggml type id -> (elements per block, bytes per block)
 GGML_BLOCK_SIZES: dict[int, tuple[int, int]] = {k: (v[1], v[2]) for k, v in _TYPE_TABLE.items()}
 
-DEQUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# Types gguf.quants dequantises (no kernel of ours: they become float32 at load).
+_VIA_GGUF_QUANTS = ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+DEQUANTIZABLE = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q8_K") + _VIA_GGUF_QUANTS
+_DEQUANT_CHUNK_BYTES = 1 << 22  # gguf.quants' temporaries are several times its output: a chunk of rows at a time
 
 # Block layouts as numpy structured dtypes (packed, little-endian).
 _BLOCK_DTYPES = {
@@ -159,43 +155,10 @@ _BLOCK_DTYPES = {
     GGMLType.Q4_0: np.dtype([("d", "<f2"), ("qs", "u1", (16,))]),
     GGMLType.Q4_1: np.dtype([("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))]),
 }
+_Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", (256,)), ("bsums", "<i2", (16,))])
 
-# --------------------------------------------------------------------------------------
-# metadata value types
-# --------------------------------------------------------------------------------------
-
-class GGUFValueType:
-    UINT8 = 0
-    INT8 = 1
-    UINT16 = 2
-    INT16 = 3
-    UINT32 = 4
-    INT32 = 5
-    FLOAT32 = 6
-    BOOL = 7
-    STRING = 8
-    ARRAY = 9
-    UINT64 = 10
-    INT64 = 11
-    FLOAT64 = 12
-
-
-# value type -> (struct format, numpy dtype)
-_SCALARS: dict[int, tuple[str, str]] = {
-    GGUFValueType.UINT8: ("<B", "<u1"),
-    GGUFValueType.INT8: ("<b", "<i1"),
-    GGUFValueType.UINT16: ("<H", "<u2"),
-    GGUFValueType.INT16: ("<h", "<i2"),
-    GGUFValueType.UINT32: ("<I", "<u4"),
-    GGUFValueType.INT32: ("<i", "<i4"),
-    GGUFValueType.FLOAT32: ("<f", "<f4"),
-    GGUFValueType.BOOL: ("<?", "<u1"),
-    GGUFValueType.UINT64: ("<Q", "<u8"),
-    GGUFValueType.INT64: ("<q", "<i8"),
-    GGUFValueType.FLOAT64: ("<d", "<f8"),
-}
-_SCALAR_STRUCTS = {k: struct.Struct(f) for k, (f, _) in _SCALARS.items()}
-_U32 = struct.Struct("<I")
+# metadata value types (GGUFValueType)
+_STRING, _ARRAY, _N_VALUE_TYPES = 8, 9, 13
 _U64 = struct.Struct("<Q")
 
 
@@ -218,10 +181,7 @@ class GGUFTensor:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
+        return math.prod(self.dims)
 
     @property
     def type_name(self) -> str:
@@ -241,53 +201,22 @@ class GGUFTensor:
         return f"GGUFTensor({self.name!r}, shape={self.shape}, type={self.type_name})"
 
 
-class _Cursor:
-    """Bounds-checked little-endian reader over a buffer."""
-
-    __slots__ = ("buf", "pos", "size", "path")
-
-    def __init__(self, buf, size: int, path: str, pos: int = 0):
-        self.buf = buf
-        self.size = size
-        self.pos = pos
-        self.path = path
-
-    def need(self, n: int, what: str) -> None:
-        if n < 0 or self.pos + n > self.size:
-            raise GGUFError(
-                f"{self.path}: file is truncated or corrupt: {what} needs {n} bytes at offset "
-                f"{self.pos}, but the file is {self.size} bytes long"
-            )
-
-    def u32(self, what: str) -> int:
-        self.need(4, what)
-        v = _U32.unpack_from(self.buf, self.pos)[0]
-        self.pos += 4
-        return v
-
-    def u64(self, what: str) -> int:
-        self.need(8, what)
-        v = _U64.unpack_from(self.buf, self.pos)[0]
-        self.pos += 8
-        return v
-
-    def raw_string(self, what: str) -> bytes:
-        n = self.u64(f"length of {what}")
-        if n > self.size - self.pos:
-            raise GGUFError(
-                f"{self.path}: corrupt file: {what} at offset {self.pos - 8} claims a length of "
-                f"{n} bytes, more than the {self.size - self.pos} bytes left in the file"
-            )
-        s = bytes(self.buf[self.pos:self.pos + n])
-        self.pos += n
-        return s
-
-
 def _decode_str(b: bytes) -> str | bytes:
     try:
         return b.decode("utf-8")
     except UnicodeDecodeError:
         return b  # keep undecodable values as bytes rather than altering them
+
+
+def _strings(blob: bytes, count: int) -> list:
+    """The `count` length-prefixed strings of `blob` (bounds-checked when the file was opened)."""
+    out, pos = [], 0
+    for _ in range(count):
+        n = _U64.unpack_from(blob, pos)[0]
+        pos += 8
+        out.append(_decode_str(blob[pos:pos + n]))
+        pos += n
+    return out
 
 
 class _LazyArray(Sequence):
@@ -321,213 +250,246 @@ class _LazyArray(Sequence):
 LAZY_ARRAY_MIN = 1024  # arrays at least this long are read on first use
 
 
+class _Corrupt(Exception):
+    """Raised inside the reader; GGUFFile makes it a GGUFError naming the file."""
+
+
+@functools.lru_cache(maxsize=None)
+def _reader_class():
+    """gguf's GGUFReader, made safe on files from strangers (defined on first use: `gguf` is a heavy import).
+
+    Upstream, a read past the end of the file gives a short array, so a corrupt file fails with an IndexError far
+    from its cause or, for an array of scalars whose count runs past the end, loops `count` times over nothing; and
+    it makes a numpy view per array element (slow on a vocabulary). Here every read is checked, an array of
+    scalars is one view, a string array one view of its bytes (decoded on first use), and `_where` says which entry
+    is being read, for the error messages."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+
+    known_types = {int(q) for q in GGMLQuantizationType} & set(_TYPE_TABLE)
+
+    class Reader(GGUFReader):
+        def __init__(self, path):
+            self._where, self._depth, self._last_str, self._n_info = "the header", 0, b"", 0
+            self.tensor_order: list[str] = []
+            self.unknown_type_tensors: list[tuple] = []  # (name, dims, type id, offset): size unknown
+            super().__init__(path, "r")
+
+        @property
+        def data(self):
+            return self._plain
+
+        @data.setter
+        def data(self, mm):  # upstream's np.memmap: parsed through a plain view (memmap's views are slow to make)
+            self.memmap, self._plain = mm, mm.view(np.ndarray)
+
+        def _fail(self, what: str):
+            raise _Corrupt(f"file is truncated or corrupt: {self._where}: {what}")
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            n = int(count) * np.dtype(dtype).itemsize
+            if n < 0 or offset + n > self.data.size:
+                self._fail(f"needs {n} bytes at offset {offset}, but the file is {self.data.size} bytes long")
+            return super()._get(offset, dtype, count, override_order)
+
+        def _get_str(self, offset):
+            n, left = int(self._get(offset, np.uint64)[0]), self.data.size - offset - 8
+            if n > left:
+                self._fail(f"a string at offset {offset} claims a length of {n} bytes, more than the {left} bytes "
+                           "left in the file")
+            slen, s = super()._get_str(offset)
+            self._last_str = s
+            return slen, s
+
+        def _build_fields(self, offs, count):
+            try:
+                return super()._build_fields(offs, count)
+            except UnicodeDecodeError:
+                self._fail("a key is not valid UTF-8")
+
+        def _push_field(self, field, skip_sum=False):
+            if field.name in self.fields:
+                self._fail(f"duplicate metadata key {field.name!r}")
+            size = super()._push_field(field, skip_sum)
+            n = len(self.fields) - 3  # after the version and the two counts
+            if n >= 0:
+                self._where = f"metadata entry {n}" + (f" (after {field.name!r})" if n else "")
+            return size
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            if self._depth == 0:
+                self._where = f"metadata {bytes(self._last_str).decode('utf-8', 'replace')!r}"
+            if not 0 <= int(raw_type) < _N_VALUE_TYPES:
+                self._fail(f"unknown value type {int(raw_type)}")
+            if raw_type != _ARRAY:
+                return super()._get_field_parts(orig_offs, raw_type)
+            itype_a, count_a = self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)
+            itype, count, offs = int(itype_a[0]), int(count_a[0]), orig_offs + 12
+            left = self.data.size - offs
+            if itype == _ARRAY:
+                if self._depth >= MAX_ARRAY_NESTING:
+                    self._fail(f"arrays nested more than {MAX_ARRAY_NESTING} deep")
+                if count > left // 12:
+                    self._fail(f"an array claims {count} arrays, more than fit in the {left} bytes left")
+                self._depth += 1
+                try:
+                    return super()._get_field_parts(orig_offs, raw_type)
+                finally:
+                    self._depth -= 1
+            if not 0 <= itype < _N_VALUE_TYPES:
+                self._fail(f"unknown element type {itype} in an array")
+            types = [GGUFValueType.ARRAY, GGUFValueType(itype)]
+            if itype == _STRING:
+                if count > left // 8:
+                    self._fail(f"an array claims {count} strings, more than fit in the {left} bytes left")
+                end = self._skip_strings(offs, count)
+                return end - orig_offs, [itype_a, count_a, self.data[offs:end]], [2], types
+            np_type = self.gguf_scalar_to_np[GGUFValueType(itype)]
+            if count > left // np.dtype(np_type).itemsize:
+                self._fail(f"an array claims {count} elements, more than the {left} bytes left in the file")
+            vals = self._get(offs, np_type, count)
+            return 12 + vals.nbytes, [itype_a, count_a, vals], [2], types
+
+        def _skip_strings(self, offs: int, count: int) -> int:
+            buf, size = self.data, self.data.size
+            for i in range(count):
+                if offs + 8 > size:
+                    self._fail(f"the length of string {i} of an array runs past the end of the file")
+                n = _U64.unpack_from(buf, offs)[0]
+                offs += 8
+                if n > size - offs:
+                    self._fail(f"string {i} of an array, at offset {offs - 8}, claims a length of {n} bytes, more "
+                               f"than the {size - offs} bytes left in the file")
+                offs += n
+            return offs
+
+        def _get_tensor_info_field(self, orig_offs):
+            prev = bytes(self._last_str).decode("utf-8", "replace")
+            self._where = f"tensor info {self._n_info}" + (f" (after {prev!r})" if self._n_info else "")
+            self._n_info += 1
+            try:
+                field = super()._get_tensor_info_field(orig_offs)
+            except UnicodeDecodeError:
+                self._fail("the tensor's name is not valid UTF-8")
+            if int(field.parts[2][0]) > MAX_DIMS:
+                self._fail(f"tensor {field.name!r} has {int(field.parts[2][0])} dimensions")
+            return field
+
+        def _build_tensors(self, start_offs, fields):
+            """Checks every tensor (type, shape, bytes inside the file, no overlap) before upstream builds them."""
+            self._where, size, known, spans, seen = "the tensor table", self.data.size, [], [], set()
+            for f in fields:
+                name, dims, gtype, offset = f.name, [int(d) for d in f.parts[3]], int(f.parts[4][0]), int(f.parts[5][0])
+                if name in seen:
+                    self._fail(f"duplicate tensor name {name!r}")
+                seen.add(name)
+                self.tensor_order.append(name)
+                if gtype not in known_types:
+                    self.unknown_type_tensors.append((name, tuple(dims), gtype, offset))
+                    continue
+                tname, bs, ts = _TYPE_TABLE[gtype]
+                if dims and dims[0] % bs:
+                    self._fail(f"tensor {name!r} of type {tname} has a row length {dims[0]} that is not a multiple "
+                               f"of its block size {bs}")
+                nbytes, begin = math.prod(dims) // bs * ts, start_offs + offset
+                if begin + nbytes > size or max(dims, default=0) >= 2**62:
+                    self._fail(f"tensor data out of bounds: tensor {name!r} {tuple(reversed(dims))} occupies bytes "
+                               f"{begin}..{begin + nbytes} but the file is {size} bytes long")
+                if nbytes:
+                    spans.append((begin, begin + nbytes, name))
+                known.append(f)
+            spans.sort()
+            for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+                if begin < end:
+                    self._fail(f"the data of tensors {a!r} and {b!r} overlap")
+            super()._build_tensors(start_offs, known)
+
+    return Reader
+
+
 class GGUFFile:
     """A memory-mapped GGUF file.  See the module docstring."""
 
     def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        p = self.path
+        self.path = p = os.fspath(path)
         try:
-            fh = open(p, "rb")
+            with open(p, "rb") as fh:
+                head, size = fh.read(24), os.fstat(fh.fileno()).st_size
         except FileNotFoundError:
             raise GGUFFileNotFoundError(errno.ENOENT, "GGUF file not found", p) from None
         except IsADirectoryError:
             raise GGUFError(f"{p}: is a directory, not a GGUF file") from None
-        with fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size < 4 + 4 + 8 + 8:
-                head = fh.read(4)
-                if len(head) == 4 and head != GGUF_MAGIC:
-                    raise GGUFError(f"{p}: not a GGUF file (bad magic {head!r}, expected b'GGUF')")
-                raise GGUFError(f"{p}: file is truncated: {size} bytes is too short for a GGUF header")
-            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         self.file_size = size
+        self._check_header(head, size)
         try:
-            self._parse()
-        except BaseException:
-            self.close()
-            raise
+            r = _reader_class()(p)
+        except _Corrupt as e:
+            raise GGUFError(f"{p}: {e}") from None
+        except (ValueError, KeyError, IndexError, OverflowError, TypeError) as e:
+            raise GGUFError(f"{p}: corrupt GGUF file: {e}") from None  # the reader's own checks (alignment, ...)
+        self._reader, self._data, self._mmap, self._closed = r, r.data, getattr(r.memmap, "_mmap", None), False
+        self.version = int(r.fields["GGUF.version"].parts[0][0])
+        self.alignment, self.data_offset = int(r.alignment), int(r.data_offset)
+        self.metadata: dict[str, Any] = {}
+        self.metadata_types: dict[str, int] = {}
+        for key, field in list(r.fields.items())[3:]:  # after the version and the counts
+            self.metadata_types[key] = int(field.types[0])
+            self.metadata[key] = self._value(field.parts, 3, self.metadata_types[key], key)[0]
+        infos = {t.name: (tuple(int(d) for d in t.shape), int(t.tensor_type), int(t.field.parts[5][0]), int(t.n_bytes))
+                 for t in r.tensors}
+        infos.update({name: (dims, gtype, off, None) for name, dims, gtype, off in r.unknown_type_tensors})
+        self.tensors: dict[str, GGUFTensor] = {
+            name: GGUFTensor(name, infos[name][0], infos[name][1], infos[name][2], self.data_offset + infos[name][2],
+                             infos[name][3], self) for name in r.tensor_order}
 
-    # ----------------------------------------------------------------------------- parsing
-    def _parse(self) -> None:
-        p, size = self.path, self.file_size
-        cur = _Cursor(self._mm, size, p)
-        magic = bytes(self._mm[:4])
-        if magic != GGUF_MAGIC:
-            raise GGUFError(f"{p}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
-        cur.pos = 4
-        version = cur.u32("version")
+    def _check_header(self, head: bytes, size: int) -> None:
+        """What the reader does not say clearly: a short file, another format, an unsupported version (big-endian
+        files included: the rest of luminal reads little-endian data), counts that cannot fit in the file."""
+        p = self.path
+        if len(head) >= 4 and head[:4] != GGUF_MAGIC:
+            raise GGUFError(f"{p}: not a GGUF file (bad magic {head[:4]!r}, expected b'GGUF')")
+        if len(head) < 24:
+            raise GGUFError(f"{p}: file is truncated: {size} bytes is too short for a GGUF header")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", head, 4)
         if version not in SUPPORTED_VERSIONS:
             hint = ""
             if version & 0xFFFF == 0 and (version >> 24) in SUPPORTED_VERSIONS:
                 hint = " (this looks like a big-endian GGUF file, which is not supported)"
             elif version == 1:
                 hint = " (GGUF v1 is obsolete; re-convert the model)"
-            raise GGUFError(
-                f"{p}: unsupported GGUF version {version}{hint}; supported versions are "
-                f"{', '.join(map(str, SUPPORTED_VERSIONS))}"
-            )
-        self.version = version
-        n_tensors = cur.u64("tensor count")
-        n_kv = cur.u64("metadata count")
-        # smallest possible kv entry: empty key (8) + type (4) + u8 value (1)
-        if n_kv > (size - cur.pos) // 13:
-            raise GGUFError(f"{p}: file is truncated or corrupt: metadata count {n_kv} is impossible for a "
-                            f"file of {size} bytes")
-        # smallest possible tensor info: empty name (8) + n_dims (4) + type (4) + offset (8)
-        if n_tensors > (size - cur.pos) // 24:
-            raise GGUFError(f"{p}: file is truncated or corrupt: tensor count {n_tensors} is impossible for a "
-                            f"file of {size} bytes")
+            raise GGUFError(f"{p}: unsupported GGUF version {version}{hint}; supported versions are "
+                            f"{', '.join(map(str, SUPPORTED_VERSIONS))}")
+        # the smallest kv entry: empty key (8) + type (4) + u8 value (1); tensor info: 8 + 4 + 4 + 8
+        for count, what, least in ((n_kv, "metadata count", 13), (n_tensors, "tensor count", 24)):
+            if count > (size - 24) // least:
+                raise GGUFError(f"{p}: file is truncated or corrupt: {what} {count} is impossible for a file of "
+                                f"{size} bytes")
 
-        metadata: dict[str, Any] = {}
-        self.metadata_types: dict[str, int] = {}
-        for i in range(n_kv):
-            kraw = cur.raw_string(f"key of metadata entry {i}")
-            try:
-                key = kraw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise GGUFError(f"{p}: corrupt metadata: key of entry {i} is not valid UTF-8") from None
-            vtype = cur.u32(f"value type of metadata {key!r}")
-            metadata[key] = self._read_value(cur, vtype, key, 0)
-            self.metadata_types[key] = vtype
-        self.metadata = metadata
+    def _value(self, parts: list, i: int, vtype: int, key: str):
+        """The metadata value laid out in parts[i:] by the reader (see `_reader_class`), and the index after it."""
+        if vtype == _STRING:
+            return _decode_str(bytes(parts[i + 1])), i + 2
+        if vtype != _ARRAY:
+            return parts[i][0].item(), i + 1
+        etype, count = int(parts[i][0]), int(parts[i + 1][0])
+        i += 2
+        if etype == _ARRAY:
+            out = []
+            for _ in range(count):
+                v, i = self._value(parts, i, _ARRAY, key)
+                out.append(v)
+            return out, i
+        data = parts[i]
 
-        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-        if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
-                or alignment & (alignment - 1)):
-            raise GGUFError(f"{p}: general.alignment must be a positive power of two, got {alignment!r}")
-        self.alignment = alignment
-
-        infos = []
-        for i in range(n_tensors):
-            nraw = cur.raw_string(f"name of tensor {i}")
-            name = _decode_str(nraw)
-            if isinstance(name, bytes):
-                raise GGUFError(f"{p}: corrupt tensor table: name of tensor {i} is not valid UTF-8")
-            n_dims = cur.u32(f"dimension count of tensor {name!r}")
-            if n_dims > MAX_DIMS:
-                raise GGUFError(f"{p}: corrupt tensor table: tensor {name!r} has {n_dims} dimensions")
-            cur.need(8 * n_dims, f"dimensions of tensor {name!r}")
-            dims = struct.unpack_from(f"<{n_dims}Q", self._mm, cur.pos)
-            cur.pos += 8 * n_dims
-            gtype = cur.u32(f"type of tensor {name!r}")
-            offset = cur.u64(f"data offset of tensor {name!r}")
-            infos.append((name, tuple(int(d) for d in dims), gtype, offset))
-
-        data_start = cur.pos
-        pad = (-data_start) % alignment
-        data_start += pad
-        self.data_offset = data_start
-
-        tensors: dict[str, GGUFTensor] = {}
-        for name, dims, gtype, offset in infos:
-            if name in tensors:
-                raise GGUFError(f"{p}: corrupt tensor table: duplicate tensor name {name!r}")
-            nbytes = None
-            if gtype in _TYPE_TABLE:
-                tname, bs, ts = _TYPE_TABLE[gtype]
-                ne0 = dims[0] if dims else 1
-                if ne0 % bs:
-                    raise GGUFError(
-                        f"{p}: tensor {name!r} of type {tname} has a row length {ne0} that is not "
-                        f"a multiple of its block size {bs}")
-                n = 1
-                for d in dims:
-                    n *= d
-                nbytes = n // bs * ts
-            end = data_start + offset + (nbytes or 0)
-            if end > size:
-                raise GGUFError(
-                    f"{p}: tensor data out of bounds (file truncated or corrupt): tensor {name!r} "
-                    f"occupies bytes {data_start + offset}..{end} but the file is {size} bytes long")
-            tensors[name] = GGUFTensor(name, dims, gtype, offset, data_start + offset, nbytes, self)
-        self.tensors = tensors
-
-    def _read_value(self, cur: _Cursor, vtype: int, key: str, depth: int):
-        if vtype in _SCALAR_STRUCTS:
-            st = _SCALAR_STRUCTS[vtype]
-            cur.need(st.size, f"value of metadata {key!r}")
-            v = st.unpack_from(self._mm, cur.pos)[0]
-            cur.pos += st.size
-            return v
-        if vtype == GGUFValueType.STRING:
-            return _decode_str(cur.raw_string(f"string value of metadata {key!r}"))
-        if vtype == GGUFValueType.ARRAY:
-            if depth >= MAX_ARRAY_NESTING:
-                raise GGUFError(f"{self.path}: corrupt metadata: arrays nested more than "
-                                f"{MAX_ARRAY_NESTING} deep in {key!r}")
-            etype = cur.u32(f"element type of array {key!r}")
-            count = cur.u64(f"length of array {key!r}")
-            left = cur.size - cur.pos
-            if etype in _SCALARS:
-                esize = _SCALAR_STRUCTS[etype].size
-                if count > left // esize:
-                    raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
-                                    f"elements, more than the {left} bytes left in the file")
-                start = cur.pos
-                cur.pos += count * esize
-
-                def read(start=start):
-                    arr = np.frombuffer(self._live_map(key), dtype=_SCALARS[etype][1], count=count, offset=start)
-                    return [bool(x) for x in arr] if etype == GGUFValueType.BOOL else arr.tolist()
-                return _LazyArray(count, read) if count >= LAZY_ARRAY_MIN else read()
-            if etype == GGUFValueType.STRING:
-                if count > left // 8:
-                    raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
-                                    f"strings, more than fit in the {left} bytes left in the file")
-                if count < LAZY_ARRAY_MIN:
-                    return self._read_string_array(cur, count, key)
-                start = cur.pos
-                self._read_string_array(cur, count, key, decode=False)  # checks the lengths, finds the end
-                return _LazyArray(count, lambda: self._read_string_array(
-                    _Cursor(self._live_map(key), cur.size, self.path, start), count, key))
-            if etype == GGUFValueType.ARRAY:
-                if count > left // 12:
-                    raise GGUFError(f"{self.path}: corrupt metadata: array {key!r} claims {count} "
-                                    f"arrays, more than fit in the {left} bytes left in the file")
-                return [self._read_value(cur, etype, key, depth + 1) for _ in range(count)]
-            raise GGUFError(f"{self.path}: corrupt metadata: unknown element type {etype} in array {key!r}")
-        raise GGUFError(f"{self.path}: corrupt metadata: unknown value type {vtype} for key {key!r}")
-
-    def _live_map(self, key: str):
-        if self._mm.closed:
-            raise GGUFError(f"{self.path}: metadata {key!r} is read on first use, but the file is closed")
-        return self._mm
-
-    def _read_string_array(self, cur: _Cursor, count: int, key: str, decode: bool = True) -> list:
-        mm, pos, size = self._mm, cur.pos, cur.size
-        unpack = _U64.unpack_from
-        out = []
-        append = out.append
-        for i in range(count):
-            if pos + 8 > size:
-                cur.pos = pos
-                cur.need(8, f"length of string {i} of array {key!r}")
-            n = unpack(mm, pos)[0]
-            pos += 8
-            if n > size - pos:
-                raise GGUFError(f"{self.path}: corrupt metadata: string {i} of array {key!r} at offset "
-                                f"{pos - 8} claims a length of {n} bytes, more than the "
-                                f"{size - pos} bytes left in the file")
-            if decode:
-                b = mm[pos:pos + n]
-                try:
-                    append(b.decode("utf-8"))
-                except UnicodeDecodeError:
-                    append(b)
-            pos += n
-        cur.pos = pos
-        return out
+        def read():
+            if self._closed:
+                raise GGUFError(f"{self.path}: metadata {key!r} is read on first use, but the file is closed")
+            return _strings(bytes(data), count) if etype == _STRING else data.tolist()
+        return (_LazyArray(count, read) if count >= LAZY_ARRAY_MIN else read()), i + 1
 
     # --------------------------------------------------------------------------- access
     def close(self) -> None:
-        """Unmap the file. Arrays still viewing it keep the mapping alive until freed."""
-        mm = getattr(self, "_mm", None)
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                pass  # zero-copy views still exist; the mapping goes when they do
+        """Let go of the mapping: it is unmapped once no array returned by this file views it any more."""
+        self._closed, self._reader, self._data, self._mmap = True, None, None, None
 
     def __enter__(self) -> "GGUFFile":
         return self
@@ -552,24 +514,27 @@ class GGUFFile:
         if t.nbytes is None:
             raise GGUFError(f"{self.path}: tensor {t.name!r} has unknown ggml type {t.ggml_type}; "
                             "its size cannot be computed")
-        return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.data_offset)
+        if self._closed:
+            raise GGUFError(f"{self.path}: cannot read tensor {t.name!r}: the file is closed")
+        return self._data[t.data_offset:t.data_offset + t.nbytes]
 
     def release(self, name: str) -> None:
         """Drops the tensor's pages from this process's resident memory (the OS keeps them cached): for a tensor
         that was copied out (reordered, dequantised), so that the file's pages and the copy are not both counted."""
         t = self._tensor(name)
+        mm = self._mmap  # the mmap under numpy's memmap (mapped from offset 0)
         page = mmap.PAGESIZE
         start = -(-t.data_offset // page) * page  # whole pages inside the tensor only: neighbours stay
         end = (t.data_offset + (t.nbytes or 0)) // page * page
-        if end > start and not self._mm.closed:
-            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+        if end > start and mm is not None and not mm.closed and hasattr(mm, "madvise"):
+            mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def raw(self, name: str) -> np.ndarray:
         return self._raw(self._tensor(name))
 
-    def _unsupported(self, t: GGUFTensor, what: str) -> GGUFError:
+    def _unsupported(self, t: GGUFTensor, what: str, supported=DEQUANTIZABLE) -> GGUFError:
         return GGUFError(f"{self.path}: cannot {what} tensor {t.name!r}: unsupported ggml type "
-                         f"{t.type_name} (id {t.ggml_type}); supported: {', '.join(DEQUANTIZABLE)}")
+                         f"{t.type_name} (id {t.ggml_type}); supported: {', '.join(supported)}")
 
     def quant_blocks(self, name: str) -> dict[str, np.ndarray]:
         """The quantisation blocks of a Q8_0 / Q4_0 / Q4_1 tensor, as zero-copy views.
@@ -583,31 +548,31 @@ class GGUFFile:
         t = self._tensor(name)
         dt = _BLOCK_DTYPES.get(t.ggml_type)
         if dt is None:
-            raise self._unsupported(t, "take quantisation blocks of")
+            raise self._unsupported(t, "take quantisation blocks of", ("Q8_0", "Q4_0", "Q4_1"))
         shape = t.shape or (1,)
-        rows = 1
-        for s in shape[:-1]:
-            rows *= s
-        nblocks = shape[-1] // 32
-        blocks = self._raw(t).view(dt).reshape(rows, nblocks)
+        blocks = self._raw(t).view(dt).reshape(math.prod(shape[:-1]), shape[-1] // 32)
         return {f: blocks[f] for f in dt.names}
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as a new float32 array of shape ``tensors[name].shape``."""
         t = self._tensor(name)
-        shape = t.shape
-        gt = t.ggml_type
+        shape, gt = t.shape, t.ggml_type
         if gt == GGMLType.F32:
             return self._raw(t).view("<f4").astype(np.float32).reshape(shape)
         if gt == GGMLType.F16:
             return self._raw(t).view("<f2").astype(np.float32).reshape(shape)
         if gt == GGMLType.BF16:
             return (self._raw(t).view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
-        if gt not in _BLOCK_DTYPES:
-            raise self._unsupported(t, "dequantize")
-        b = self.quant_blocks(name)
-        d = b["d"].astype(np.float32)[..., None]
         with np.errstate(invalid="ignore", over="ignore"):  # inf/nan scales stay inf/nan
+            if gt == GGMLType.Q8_K:
+                b = self._raw(t).view(_Q8_K_BLOCK)
+                return (b["qs"].astype(np.float32) * b["d"][:, None]).reshape(shape)
+            if t.type_name in _VIA_GGUF_QUANTS:
+                return self._dequantize_via_gguf(t)
+            if gt not in _BLOCK_DTYPES:
+                raise self._unsupported(t, "dequantize")
+            b = self.quant_blocks(name)
+            d = b["d"].astype(np.float32)[..., None]
             if gt == GGMLType.Q8_0:
                 out = b["qs"].astype(np.float32) * d
             else:
@@ -618,6 +583,20 @@ class GGUFFile:
                 else:
                     out = q.astype(np.float32) * d + b["m"].astype(np.float32)[..., None]
         return out.reshape(shape)
+
+    def _dequantize_via_gguf(self, t: GGUFTensor) -> np.ndarray:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        shape = t.shape or (1,)
+        cols, rows = shape[-1], math.prod(shape[:-1])
+        _, bs, ts = _TYPE_TABLE[t.ggml_type]
+        raw = self._raw(t).reshape(rows, cols // bs * ts)
+        out = np.empty((rows, cols), np.float32)
+        step = max(1, _DEQUANT_CHUNK_BYTES // max(cols * 4, 1))
+        for r in range(0, rows, step):
+            out[r:r + step] = dequantize(raw[r:r + step], GGMLQuantizationType(t.ggml_type))
+        return out.reshape(t.shape)
 
 
 # --------------------------------------------------------------------------------------
@@ -649,16 +628,22 @@ def llama_config(gguf) -> dict:
 
     def count(key, default=None):
         v = get(key, default)
-        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()) or v <= 0:
-            raise GGUFError(f"{g.path}: metadata {arch}.{key} should be a positive integer, got {v!r}")
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()) or not 0 < v <= MAX_COUNT:
+            raise GGUFError(f"{g.path}: metadata {arch}.{key} should be an integer in 1..{MAX_COUNT}, got {v!r}")
         return int(v)
+
+    def number(key, default):
+        v = float(get(key, default))
+        if not (math.isfinite(v) and v > 0):
+            raise GGUFError(f"{g.path}: metadata {arch}.{key} should be a finite positive number, got {v!r}")
+        return v
 
     n_heads = count("attention.head_count")
     hidden = count("embedding_length")
     n_kv = count("attention.head_count_kv", n_heads)
     head_dim = count("attention.key_length", max(hidden // n_heads, 1))
     if "token_embd.weight" in g.tensors:
-        vocab = g.tensors["token_embd.weight"].shape[0]
+        vocab = (g.tensors["token_embd.weight"].shape or (0,))[0]
     elif f"{arch}.vocab_size" in md:
         vocab = count("vocab_size")
     else:
@@ -666,7 +651,7 @@ def llama_config(gguf) -> dict:
     n_layers = count("block_count")
     # Mixture of experts (qwen3moe; llama for Mixtral): the experts' sizes, and which layers route (the others
     # keep a dense MLP, e.g. Qwen3-MoE's mlp_only_layers).
-    n_experts = int(get("expert_count", 0))
+    n_experts = count("expert_count") if get("expert_count", 0) else 0
     expert_ffn = count("expert_feed_forward_length", count("feed_forward_length", 1)) if n_experts else 0
     dense = [i for i in range(n_layers) if f"blk.{i}.ffn_gate_inp.weight" not in g.tensors] if n_experts else []
     return {
@@ -677,9 +662,9 @@ def llama_config(gguf) -> dict:
         "n_heads": n_heads,
         "n_kv_heads": n_kv,
         "head_dim": head_dim,
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rope_theta": number("rope.freq_base", 10000.0),
         "rope_dim": count("rope.dimension_count", head_dim),
-        "rms_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rms_eps": number("attention.layer_norm_rms_epsilon", 1e-5),
         "vocab_size": int(vocab),
         "context_length": count("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in g.tensors,

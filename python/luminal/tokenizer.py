@@ -21,7 +21,11 @@ import json
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
-__all__ = ["Tokenizer", "StreamDecoder", "bytes_to_unicode"]
+__all__ = ["Tokenizer", "TokenizerError", "StreamDecoder", "bytes_to_unicode"]
+
+
+class TokenizerError(ValueError):
+    """A tokenizer.json or tokenizer_config.json is not a valid tokenizer (GGUF tokenizers raise GGUFError)."""
 
 # GGUF token types (llama.cpp's llama_token_type)
 TOKEN_NORMAL = 1
@@ -97,20 +101,30 @@ class Tokenizer:
     @classmethod
     def from_file(cls, path) -> "Tokenizer":
         """From a Hugging Face tokenizer.json (special tokens and chat template from a tokenizer_config.json
-        beside it, if there is one)."""
-        import json
+        beside it, if there is one). A file that is not a valid tokenizer raises a TokenizerError naming it."""
         import os
 
         from tokenizers import Tokenizer as HFTokenizer
 
-        backend = HFTokenizer.from_file(os.fspath(path))
-        cfg_path = os.path.join(os.path.dirname(os.fspath(path)), "tokenizer_config.json")
-        cfg = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
+        from .loaders import ConfigError, read_json
+
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such tokenizer file")
+        try:
+            backend = HFTokenizer.from_file(path)
+        except Exception as e:  # noqa: BLE001 - `tokenizers` raises plain Exceptions
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({str(e)[:300]})") from None
+        cfg_path = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+        try:
+            cfg = read_json(cfg_path) if os.path.exists(cfg_path) else {}
+        except ConfigError as e:
+            raise TokenizerError(str(e)) from None
 
         def tid(key):
             tok = cfg.get(key)
             tok = tok.get("content") if isinstance(tok, dict) else tok
-            return backend.token_to_id(tok) if tok else None
+            return backend.token_to_id(tok) if isinstance(tok, str) and tok else None
 
         return cls(backend, bos_token_id=tid("bos_token"), eos_token_id=tid("eos_token"),
                    unk_token_id=tid("unk_token"), pad_token_id=tid("pad_token"),
@@ -122,9 +136,6 @@ class Tokenizer:
 
         ``pre_tokenizer`` overrides the file's ``tokenizer.ggml.pre`` (e.g. ``"gpt2"``).
         """
-        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-        from tokenizers import Tokenizer as HFTokenizer
-
         from .gguf import GGUFError, GGUFFile
 
         g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
@@ -140,6 +151,9 @@ class Tokenizer:
         if not isinstance(merges, Sequence) or isinstance(merges, (str, bytes)):
             raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.merges' is missing")
         token_types = md.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
+        if not isinstance(token_types, Sequence) or isinstance(token_types, (str, bytes)):
+            raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.token_type' should be an array, got "
+                            f"{type(token_types).__name__}")
         if len(token_types) != len(tokens):
             raise GGUFError(f"{g.path}: tokenizer.ggml.token_type has {len(token_types)} entries "
                             f"for {len(tokens)} tokens")
@@ -157,7 +171,22 @@ class Tokenizer:
             parts = _meta_str(m).split(" ")
             if len(parts) != 2:
                 raise GGUFError(f"{g.path}: merge {i} ({m!r}) is not two tokens separated by a space")
+            for t in (parts[0], parts[1], parts[0] + parts[1]):  # what `tokenizers` needs, said with the file
+                if t not in vocab:
+                    raise GGUFError(f"{g.path}: merge {i} ({m!r}) of 'tokenizer.ggml.merges' needs token {t!r}, "
+                                    "which is not in the vocabulary")
             pairs.append((parts[0], parts[1]))
+        try:
+            return cls._from_gguf_vocab(g, md, tokens, token_types, vocab, pairs, alphabet, pre_tokenizer)
+        except GGUFError:
+            raise
+        except Exception as e:  # noqa: BLE001 - `tokenizers` raises plain Exceptions
+            raise GGUFError(f"{g.path}: the tokenizer in its metadata cannot be built: {e}") from None
+
+    @classmethod
+    def _from_gguf_vocab(cls, g, md, tokens, token_types, vocab, pairs, alphabet, pre_tokenizer):
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
 
         bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None,
                          continuing_subword_prefix="", end_of_word_suffix="",

@@ -13,7 +13,6 @@ and weights them by the routing (zero for the others), reading each expert's wei
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -95,31 +94,36 @@ class LlamaConfig:
         if c["architecture"] not in _GGUF_ARCHS:
             raise GGUFError(f"{getattr(gguf, 'path', gguf)}: architecture {c['architecture']!r} is not supported "
                             f"(supported: {', '.join(_GGUF_ARCHS)})")
-        return cls(c["vocab_size"], c["hidden"], c["ffn"], c["n_layers"], c["n_heads"], c["n_kv_heads"],
-                   c["head_dim"], c["rope_theta"], c["rms_eps"], c["tie_word_embeddings"],
-                   attention_bias=c["attention_bias"], attention_out_bias=c["attention_out_bias"],
-                   qk_norm=c["qk_norm"], num_experts=c["expert_count"], num_experts_per_tok=c["expert_used_count"],
-                   moe_intermediate_size=c["expert_feed_forward_length"], norm_topk_prob=c["expert_weights_norm"],
-                   mlp_only_layers=tuple(c["dense_layers"]), model_type=c["architecture"])
+        try:
+            return cls(c["vocab_size"], c["hidden"], c["ffn"], c["n_layers"], c["n_heads"], c["n_kv_heads"],
+                       c["head_dim"], c["rope_theta"], c["rms_eps"], c["tie_word_embeddings"],
+                       attention_bias=c["attention_bias"], attention_out_bias=c["attention_out_bias"],
+                       qk_norm=c["qk_norm"], num_experts=c["expert_count"], num_experts_per_tok=c["expert_used_count"],
+                       moe_intermediate_size=c["expert_feed_forward_length"], norm_topk_prob=c["expert_weights_norm"],
+                       mlp_only_layers=tuple(c["dense_layers"]), model_type=c["architecture"])
+        except ValueError as e:  # the hyper-parameters do not fit together
+            raise GGUFError(f"{getattr(gguf, 'path', gguf)}: {e}") from None
 
     @classmethod
     def from_hf(cls, config) -> "LlamaConfig":
         """From a Hugging Face config.json path or dict: model_type llama, mistral, qwen2, qwen3, qwen3_moe or
         mixtral (transformers 4 and 5 spellings)."""
-        if isinstance(config, (str, os.PathLike)):
-            with open(config) as f:
-                config = json.load(f)
+        from ..loaders import ConfigError, UnsupportedConfigError, check_config
+
+        config, source = check_config(config)  # a wrong or missing value: a ConfigError naming the file and key
         mt = config.get("model_type", "llama")
         if mt not in _HF_MODEL_TYPES:
-            raise ValueError(f"model_type {mt!r} is not supported (supported: {', '.join(_HF_MODEL_TYPES)})")
+            raise ConfigError(f"{source}: model_type {mt!r} is not supported (supported: "
+                              f"{', '.join(_HF_MODEL_TYPES)})")
         if config.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"{mt}: hidden_act {config['hidden_act']!r} is not supported (only 'silu')")
+            raise ConfigError(f"{source}: {mt}: hidden_act {config['hidden_act']!r} is not supported (only 'silu')")
         if config.get("mlp_bias"):
-            raise ValueError(f"{mt}: mlp_bias is not supported")
+            raise ConfigError(f"{source}: {mt}: mlp_bias is not supported")
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
-            raise NotImplementedError(f"{mt}: rope_type {rope_type!r} (scaled rotary embeddings) is not supported")
+            raise UnsupportedConfigError(f"{source}: {mt}: rope_type {rope_type!r} (scaled rotary embeddings) is not "
+                                         "supported")
         theta = config.get("rope_theta", rope.get("rope_theta", 10000.0))
         h, nh, n_layers = config["hidden_size"], config["num_attention_heads"], config["num_hidden_layers"]
         kw = {}
@@ -148,10 +152,13 @@ class LlamaConfig:
             kw.update(num_experts=config["num_local_experts"], moe_intermediate_size=config["intermediate_size"])
         if kw.get("num_experts"):
             kw.update(num_experts_per_tok=config["num_experts_per_tok"])
-        return cls(config["vocab_size"], h, config["intermediate_size"], n_layers, nh,
-                   config.get("num_key_value_heads") or nh, config.get("head_dim") or h // nh,
-                   float(theta), float(config.get("rms_norm_eps", 1e-6)),
-                   bool(config.get("tie_word_embeddings", False)), sliding_window=window, model_type=mt, **kw)
+        try:
+            return cls(config["vocab_size"], h, config["intermediate_size"], n_layers, nh,
+                       config.get("num_key_value_heads") or nh, config.get("head_dim") or h // nh,
+                       float(theta), float(config.get("rms_norm_eps", 1e-6)),
+                       bool(config.get("tie_word_embeddings", False)), sliding_window=window, model_type=mt, **kw)
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
 
 def rotate_half(x: Tensor) -> Tensor:
