@@ -44,3 +44,12 @@ from .cuda import CudaCompiler, CudaError, DeviceArray, cuda_available
 bool = bool_  # noqa: A001 - torch spells it luminal.bool
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # luminal.bisect (a module one calls) is imported on first use, so that `python -m luminal.bisect` runs it fresh.
+    if name == "bisect":
+        from importlib import import_module
+
+        return import_module(".bisect", __name__)
+    raise AttributeError(f"module 'luminal' has no attribute {name!r}")

@@ -58,13 +58,23 @@ def find(graph, pattern) -> list:
     return _core.find(graph._g, pattern)
 
 
+# Set by luminal.bisect while it runs a pass: limits how many matches Python rewrites apply and records them.
+_rewrite_hook = None
+
+
 def rewrite(graph, pattern, fn, name: str = "python rule") -> int:
     """One sweep: fn(graph, match) returns a Tensor or node id to replace the match's root, or None. Returns the
     number of rewrites."""
+    hook = _rewrite_hook
 
     def call(_g, m):
+        if hook is not None and not hook.allow():
+            return None
         r = fn(graph, m)
-        return r.id if hasattr(r, "id") and not isinstance(r, int) else r
+        r = r.id if hasattr(r, "id") and not isinstance(r, int) else r
+        if hook is not None and r is not None and r != m.root:
+            hook.record(name, m, r)
+        return r
 
     return _core.rewrite(graph._g, pattern, call, name)
 

@@ -132,7 +132,8 @@ def _tri(t: Tensor, diagonal: int, lower: bool) -> Tensor:
     i = _arange(t.graph, rows).unsqueeze(1)
     j = _arange(t.graph, cols).unsqueeze(0)
     keep = (j - i).le(diagonal) if lower else (j - i).ge(diagonal)  # (rows, cols)
-    return t * keep.to(t.dtype)
+    # a select, not a product: an infinite entry (a -inf mask) times 0 would be nan
+    return where(keep, t, 0.0) if t.dtype.is_float else t * keep.to(t.dtype)
 
 
 def tril(t: Tensor, diagonal: int = 0) -> Tensor:

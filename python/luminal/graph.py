@@ -72,6 +72,19 @@ class Graph:
         """An input of `value`'s shape, given its data now (weights, constants arrays)."""
         return self.tensor(np.shape(value), dtype, name).set(value)
 
+    def copy(self) -> "Graph":
+        """An independent copy of the graph with its input data and dims, not its compilers, backend or donations (a
+        run of the copy never overwrites these arrays). Node ids are the same, so this graph's Tensors name the same
+        nodes in the copy (`luminal.bisect` runs its trials on copies)."""
+        prev = getattr(_current, "graph", None)
+        new = Graph()
+        _current.graph = prev  # copying does not change the graph being built
+        new._g = self._g.copy()
+        new._data, new._dims = dict(self._data), dict(self._dims)
+        new._on_device = set(self._on_device)
+        new._changed = set(self._data)
+        return new
+
     def set_dim(self, name: str, value: int):
         value = int(value)
         if value < 0:

@@ -1202,6 +1202,8 @@ class Tensor:
                 v, lo = v.slice(ax, -lo, v.shape[ax]), _core.Expr(0)
             if hi.is_const() and int(hi) < 0:
                 v, hi = v.slice(ax, 0, v.shape[ax] + hi), _core.Expr(0)
+            if v.shape[ax].is_const() and int(v.shape[ax]) < 0:
+                raise ValueError(f"pad: {list(pad)} crops dim {ax} of shape {_fmt(self.shape)} below size 0")
             if not (lo == 0 and hi == 0):
                 v = v.pad(ax, lo, hi)
         out = self._with_view(v)
@@ -1470,6 +1472,8 @@ class Tensor:
             return self.reshape(1).index_select(0, index).reshape([])
         if index.ndim != 1:
             raise ValueError(f"index_select: index must be 1-D, got shape {_fmt(index.shape)}")
+        if index.dtype.is_float or index.dtype is dt.bool_:  # as torch: no silent cast of a float index
+            raise TypeError(f"index_select: index must be an integer tensor, got {index.dtype.name}")
         table = self.transpose(0, ax) if ax else self
         out = self._new(self.graph._g.gather(table._edge(), index.to(dt.int32)._edge()))
         return out.transpose(0, ax) if ax else out
@@ -1496,6 +1500,8 @@ class Tensor:
     def gather(self, dim: int, index: "Tensor") -> "Tensor":
         """torch.gather: out[i][j][k] = self[i][index[i][j][k]][k] for dim=1."""
         ax = self._axis(dim)
+        if index.dtype.is_float or index.dtype is dt.bool_:  # as torch: no silent cast of a float index
+            raise TypeError(f"gather: index must be an integer tensor, got {index.dtype.name}")
         if not self.ndim and index.ndim <= 1:  # torch reads a 0-d input as one element
             return self.reshape(1).gather(0, index.reshape(-1)).reshape(index.layout.shape)
         if index.ndim != self.ndim:
@@ -1612,8 +1618,19 @@ class Tensor:
         out = self.matmul(weight.T)
         return out + bias if bias is not None else out
 
+    def _check_normalized_shape(self, op: str, normalized_shape):
+        """As torch: the normalized shape must be the input's trailing dims."""
+        if normalized_shape is None:
+            return
+        want = [normalized_shape] if isinstance(normalized_shape, (int, str, _core.Expr)) else list(normalized_shape)
+        have = self.layout.shape[self.ndim - len(want):] if len(want) <= self.ndim else None
+        if have is None or any(_core.to_expr(w) != h for w, h in zip(want, have)):
+            raise ValueError(f"{op}: normalized_shape {tuple(want)} is not the trailing dims of shape "
+                             f"{_fmt(self.shape)}")
+
     def layer_norm(self, normalized_shape=None, weight=None, bias=None, eps: float = 1e-5):
         nd = 1 if normalized_shape is None else (1 if isinstance(normalized_shape, int) else len(normalized_shape))
+        self._check_normalized_shape("layer_norm", normalized_shape)
         dims = list(range(-nd, 0))
         x = self._float()
         mu = x.mean(dims, keepdim=True)
@@ -1627,6 +1644,7 @@ class Tensor:
 
     def rms_norm(self, normalized_shape=None, weight=None, eps: float | None = None):
         nd = 1 if normalized_shape is None else (1 if isinstance(normalized_shape, int) else len(normalized_shape))
+        self._check_normalized_shape("rms_norm", normalized_shape)
         dims = list(range(-nd, 0))
         x = self._float()
         if eps is None:  # torch's default: the dtype's machine epsilon

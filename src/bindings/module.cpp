@@ -163,6 +163,18 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<View>(m, "View", "Logical index -> physical offset and validity.")
       .def_static("contiguous", [](const py::iterable& s) { return View::contiguous(to_shape(s)); })
+      .def_static("from_parts", [](const py::iterable& shape, const py::iterable& strides, const py::object& offset,
+                                   const py::iterable& mask) {
+        // Any view, from the fields it exposes (a saved graph's edges); the graph checks it when an edge uses it.
+        View v{to_shape(shape), to_shape(strides), to_expr(offset), {}};
+        for (auto r : mask) {
+          auto lo_hi = r.cast<py::tuple>();
+          v.mask.emplace_back(to_expr(lo_hi[0]), to_expr(lo_hi[1]));
+        }
+        if (v.strides.size() != v.shape.size() || (!v.mask.empty() && v.mask.size() != v.shape.size()))
+          throw py::value_error("View.from_parts: shape, strides and mask (if any) need one entry per dim");
+        return v;
+      }, py::arg("shape"), py::arg("strides"), py::arg("offset"), py::arg("mask") = py::tuple())
       .def_readonly("shape", &View::shape)
       .def_readonly("strides", &View::strides)
       .def_readonly("offset", &View::offset)
@@ -233,6 +245,7 @@ PYBIND11_MODULE(_core, m) {
         if (!f) throw std::invalid_argument("unknown quantised format '" + format + "' (Q8_0, Q4_0 or Q4_1)");
         return g.backend_op(std::make_shared<DequantOp>(*f), {raw}, to_shape(s), DType::F32);
       }, "Float32 weights unpacked from uint8 rows of GGUF blocks.")
+      .def("copy", [](const Graph& g) { return Graph(g); }, "An independent copy (backend ops are shared: immutable).")
       .def("node", &Graph::node, py::return_value_policy::copy)
       .def("__len__", &Graph::size)
       .def("alive_count", &Graph::alive_count)
