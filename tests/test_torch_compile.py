@@ -211,14 +211,14 @@ def test_mark_dynamic():
 
 # ---- what luminal lacks -------------------------------------------------------------------------------------------
 class WithUnsupported(nn.Module):
-    """lgamma (no luminal translation) between two linears, and an FFT (complex tensors, which luminal lacks)."""
+    """bessel_j0 (no luminal translation) between two linears, and an FFT (complex tensors, which luminal lacks)."""
 
     def __init__(self):
         super().__init__()
         self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
 
     def forward(self, x):
-        h = torch.lgamma(self.a(x).relu() + 1) * 2
+        h = torch.special.bessel_j0(self.a(x).relu() + 1) * 2
         return self.b(h).softmax(-1), torch.fft.rfft(h, dim=-1).abs().sum(-1)
 
 
@@ -226,19 +226,20 @@ def test_unsupported_ops_run_in_torch():
     m, x = WithUnsupported().eval(), torch.randn(3, 8)
     report = lt.explain(m, x)
     ops = report.ops
-    assert ops["aten.lgamma.default"] == "no luminal translation"
+    assert ops["aten.special_bessel_j0.default"] == "no luminal translation"
     assert ops["aten._fft_r2c.default"] == "no luminal translation"
     assert "complex64" in ops["aten.abs.default"]
     assert 0 < report.fallback_share < 0.5
-    assert "aten.lgamma.default" in str(report)
+    assert "aten.special_bessel_j0.default" in str(report)
+    assert "test_torch_compile.py" in str(report)  # where in the model: the source line
 
     torch._dynamo.reset()
     lt.COUNTERS.clear()
-    with pytest.warns(UserWarning, match="lgamma") as caught:
+    with pytest.warns(UserWarning, match="bessel_j0") as caught:
         want, got = compiled(m, x)
     assert len([w for w in caught if "luminal" in str(w.message)]) == 1
     assert_close(got, want)
-    assert lt.COUNTERS["luminal_graphs"] == 2  # the linear before lgamma, and the rest after it
+    assert lt.COUNTERS["luminal_graphs"] == 2  # the linear before bessel_j0, and the rest after it
 
     torch._dynamo.reset()  # compiled again: the warning named these ops once already
     with warnings.catch_warnings():
@@ -248,7 +249,7 @@ def test_unsupported_ops_run_in_torch():
 
 def test_fallback_false_raises():
     m, x = WithUnsupported().eval(), torch.randn(3, 8)
-    with pytest.raises(lm.UnsupportedOpError, match=r"aten\.lgamma\.default"):
+    with pytest.raises(lm.UnsupportedOpError, match=r"aten\.special_bessel_j0\.default"):
         compiled(m, x, options={"fallback": False})
 
 
@@ -288,6 +289,19 @@ def test_integer_outputs_and_inputs():
     assert_close(got, want, atol=0, rtol=0)
 
 
+def test_infinite_causal_mask():
+    """A causal mask made as torch.full(-inf).triu(1) (the masked entries -inf, the rest 0, not nan). AOT's
+    decompositions make the triangle a where; luminal's own triu (the flash kernels' causal log-sum-exp) is
+    test_gpu_attention_kernels_translate[flash]."""
+    def fn(x):
+        mask = torch.full((x.shape[-1], x.shape[-1]), float("-inf")).triu(1)
+        return (x + mask).softmax(-1), mask.tril(-1)
+
+    x = torch.randn(2, 5, 5)
+    want, got = compiled_whole(fn, x)
+    assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def test_backward_runs_in_torch():
     """With grad enabled the forward runs in luminal and the backward in torch: gradients match eager."""
     m = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
@@ -315,3 +329,197 @@ def test_input_dtype_checked_when_called_directly():
         aot_module_simplified(gm, [torch.randn(3)], fw_compiler=grab)(torch.randn(3))
     with pytest.raises(TypeError, match="float32"):
         seen["graph"](torch.randn(3, dtype=torch.float16))
+
+
+# ---- explain keeps the caller's compiled functions ---------------------------------------------------------------
+def test_explain_keeps_other_caches():
+    """explain compiles in its own recompile region: the caller's compiled model is not recompiled after it, and
+    explain called more times than dynamo's recompile limit still compiles (and reports) every time."""
+    m, x = MLP().eval(), torch.randn(5, 16)
+    f = torch.compile(m, backend="luminal")
+    with torch.no_grad():
+        want = f(x)
+    assert lt.COUNTERS["graphs"] == 1
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for _ in range(4):
+            report = lt.explain(m, x)
+            assert report.graphs == 1 and report.nodes > 0 and not report.fallbacks, str(report)
+            assert_close(report.result, want)
+    assert lt.explain(f, x).graphs == 1  # a compiled module: what it wraps is explained
+    graphs = lt.COUNTERS["graphs"]
+    with torch.no_grad():
+        assert_close(f(x), want)
+    assert lt.COUNTERS["graphs"] == graphs  # the caller's graph still cached
+
+
+def test_explain_lets_go_of_its_graphs(monkeypatch):
+    """The luminal graphs explain compiled are freed once it returns (dynamo keeps only a stub)."""
+    import gc
+    import weakref
+
+    made, real = [], torch_backend._compile_fx
+
+    def spy(*args, **kwargs):
+        fn = real(*args, **kwargs)
+        made.append(weakref.ref(fn))
+        return fn
+
+    monkeypatch.setattr(torch_backend, "_compile_fx", spy)
+    lt.explain(MLP().eval(), torch.randn(5, 16))
+    gc.collect()
+    assert made and all(r() is None for r in made)
+
+
+# ---- a static KV cache's update: index_put with whole dims before the index --------------------------------------
+def test_index_put_after_whole_dims():
+    def fn(cache, pos, k, rows, cols, v):
+        c = cache.clone()
+        c[:, :, pos] = k  # [None, None, pos]
+        d = cache.clone()
+        d[rows, :, cols] = v  # indexed dims apart: the indexed shape first
+        return c, d, torch.ops.aten.index_put(cache, [None, rows.repeat(2)], v, True)  # duplicates accumulate
+
+    cache = torch.randn(2, 3, 8, 4)
+    args = (cache, torch.tensor([1, 5]), torch.randn(2, 3, 2, 4), torch.tensor([0, 1]), torch.tensor([3, 3]),
+            torch.randn(4))
+    want, got = compiled_whole(fn, *args)
+    assert_close(got, want)
+
+
+# ---- devices ------------------------------------------------------------------------------------------------------
+def test_device_change_recompiles():
+    """Dynamo guards on the device: a call on another device compiles again. luminal runs CPU and CUDA tensors; a
+    graph on any other device (meta here) runs in torch, with a warning naming it, and the CPU graph is reused."""
+    def fn(x):
+        return F.gelu(x) * 2
+
+    f = torch.compile(fn, backend="luminal")
+    x = torch.randn(3, 8)
+    assert_close(f(x), fn(x))
+    with pytest.warns(UserWarning, match="a tensor on meta"):
+        y = f(torch.randn(3, 8, device="meta"))
+    assert y.device.type == "meta" and y.shape == (3, 8)
+    assert_close(f(x), fn(x))
+    assert lt.COUNTERS["graphs"] == 2 and lt.COUNTERS["luminal_graphs"] == 1
+
+
+def test_input_device_checked_when_called_directly():
+    gm = torch.fx.symbolic_trace(lambda x: (x * 2,))
+    seen = {}
+
+    def grab(g, example_inputs):
+        seen["graph"] = torch_backend.LuminalGraph(g)
+        return seen["graph"]
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    with torch.no_grad():
+        aot_module_simplified(gm, [torch.randn(3)], fw_compiler=grab)(torch.randn(3))
+    with pytest.raises(TypeError, match="on cpu, called with torch.float32 on meta"):
+        seen["graph"](torch.empty(3, device="meta"))
+
+
+# ---- CUDA -------------------------------------------------------------------------------------------------------
+def gpu_attention_graph(kernel: str, q, k, v, bias):
+    """A hand-built aten graph calling one of torch's GPU attention kernels (traced with fake tensors: no GPU
+    needed), returning its output and log-sum-exp."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a = torch.ops.aten
+    fns = {
+        "flash": lambda q, k, v, b: a._scaled_dot_product_flash_attention.default(q, k, v, 0.0, True, scale=0.3)[:2],
+        "efficient": lambda q, k, v, b: a._scaled_dot_product_efficient_attention.default(q, k, v, b, True)[:2],
+        "cudnn": lambda q, k, v, b: a._scaled_dot_product_cudnn_attention.default(q, k, v, b, True)[:2],
+    }
+    return make_fx(fns[kernel], tracing_mode="fake")(q, k, v, bias)
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+def test_gpu_attention_kernels_translate(kernel):
+    """torch's CUDA attention kernels (what sdpa becomes on a GPU) translate to luminal's attention: the output and
+    the log-sum-exp row statistics in each kernel's layout, here run on the CPU backend."""
+    n = 6 if kernel == "flash" else 9  # flash: causal, square
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 4, n, 8), torch.randn(2, 4, n, 8)
+    bias = torch.randn(2, 1, 6, n)
+    out, lse = torch_backend.LuminalGraph(gpu_attention_graph(kernel, q, k, v, bias))(q, k, v, bias)
+    if kernel == "flash":
+        scores = (q @ k.transpose(-1, -2)) * 0.3 + torch.full((6, 6), float("-inf")).triu(1)
+    else:
+        scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5 + bias
+    assert_close(out, scores.softmax(-1) @ v)
+    want_lse = scores.logsumexp(-1)
+    if kernel == "cudnn":
+        want_lse = want_lse.unsqueeze(-1)
+    if kernel == "efficient":  # rows padded to a multiple of 32 (read only by the backward pass)
+        assert lse.shape == (2, 4, 32)
+        lse = lse[..., :6]
+    assert_close(lse, want_lse)
+
+
+def test_cuda_weights_dtype_follows_the_model():
+    for dtype, name in ((torch.float32, "float32"), (torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        m = nn.Linear(16, 16).to(dtype)
+        gm = torch.fx.symbolic_trace(m)
+        for node in gm.graph.nodes:  # the fake values dynamo would record
+            if node.op == "placeholder":
+                node.meta["val"] = torch.empty(4, 16, dtype=dtype)
+        gm.graph.placeholder("w").meta["val"] = torch.empty(16, 16, dtype=dtype)
+        assert torch_backend._weights_dtype(gm) == name
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available())")
+
+
+@cuda
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.float16, 2e-2)])
+def test_cuda_models(dtype, tol):
+    """CUDA tensors run on luminal's CUDA backend (weights in the model's dtype); results are CUDA tensors."""
+    for make in (bert, llama):
+        m = make().to("cuda", dtype)
+        ids = torch.randint(0, 97, (2, 11), device="cuda")
+        report = lt.explain(m, ids)
+        assert not report.fallbacks, str(report)
+        with torch.no_grad():
+            want = m(ids).last_hidden_state
+        got = report.result.last_hidden_state
+        assert got.device == want.device and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    q, k, v = (torch.randn(2, 4, 16, 32, device="cuda", dtype=dtype) for _ in range(3))
+    report = lt.explain(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v)
+    assert not report.fallbacks, str(report)
+    torch.testing.assert_close(report.result.float(), F.scaled_dot_product_attention(q, k, v, is_causal=True).float(),
+                               atol=tol, rtol=tol)
+
+
+@cuda
+def test_cuda_weights_updated_and_device_checked():
+    m = MLP().eval().to("cuda")
+    x = torch.randn(5, 16, device="cuda")
+    f = torch.compile(m, backend="luminal")
+    with torch.no_grad():
+        assert_close(f(x), m(x))
+        m.net[0].weight.mul_(-2)  # changed in place on the GPU
+        assert_close(f(x), m(x))
+        got = f(x * 2)
+        assert got.is_cuda
+        assert_close(got, m(x * 2))
+    m.cpu()
+    with torch.no_grad():  # the same model moved to the CPU: dynamo compiles it again, for luminal's CPU backend
+        got = f(x.cpu())
+    assert got.device.type == "cpu"
+    assert_close(got, m(x.cpu()))
+
+
+def test_graph_aot_cannot_trace_runs_in_torch():
+    """torch.take of a 0-d index decomposes into code that reads the data: AOT autograd cannot trace it, so the
+    graph runs in torch (a warning says why; fallback=False raises instead). fullgraph: dynamo may not split the
+    graph itself."""
+    def fn(x, i):
+        return torch.take(x, i) * 2
+
+    x, i = torch.randn(1), torch.tensor(0)
+    with pytest.warns(UserWarning, match="AOT autograd could not trace"):
+        assert_close(torch.compile(fn, backend="luminal", fullgraph=True)(x, i), fn(x, i))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="data-dependent"):
+        torch.compile(fn, backend="luminal", fullgraph=True, options={"fallback": False})(x, i)

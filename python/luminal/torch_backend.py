@@ -322,10 +322,83 @@ def _sdpa_cpu(q, k, v, dropout_p=0.0, is_causal=False, attn_mask=None, scale=Non
     return out, s.logsumexp(-1)
 
 
+def _batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """Batch norm as AOT's functional form: (out, mean, rstd, new running mean, new running variance). In
+    training the batch's statistics normalise and the running ones are returned updated (torch copies them back)."""
+    if not training:
+        out, _, _ = _batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps)
+        return out, None, None, running_mean, running_var
+    out, mean, rstd = _batch_norm_no_stats(x, weight, bias, True, momentum, eps)
+    n = x.numel() // x.shape[1]
+    var = (rstd.square().reciprocal() - eps) * (n / max(n - 1, 1))  # unbiased, as torch keeps it
+    new_mean = running_mean * (1 - momentum) + mean.to(running_mean.dtype) * momentum
+    new_var = running_var * (1 - momentum) + var.to(running_var.dtype) * momentum
+    return out, mean, rstd, new_mean, new_var
+
+
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """aten._trilinear (bilinear's core): the three inputs unsqueezed at their expand dims, multiplied, summed over
+    sumdim."""
+    terms = []
+    for t, dims in ((i1, expand1), (i2, expand2), (i3, expand3)):
+        for d in sorted(dims):
+            t = t.unsqueeze(d)
+        terms.append(t)
+    out = terms[0] * terms[1] * terms[2]
+    return out.sum(list(sumdim)) if len(sumdim) else out
+
+
+def _sdpa_results(val, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """torch's GPU attention kernels (flash, efficient, cuDNN) as luminal's attention: the output, the log-sum-exp
+    of each score row in the kernel's layout, and the rest (sequence offsets, RNG state, debug mask: read only by the
+    backward pass) as values a node reading them is refused for."""
+    if dropout_p:
+        raise _Refused("attention with dropout (random)")
+    out, lse = _sdpa_cpu(q, k, v, 0.0, is_causal, attn_mask, scale)
+    results = [out]
+    for i, want in enumerate(val[1:], 1):
+        if not isinstance(want, torch.Tensor):
+            results.append(_dim(want) if isinstance(want, torch.SymInt) else want)  # max_q, max_k; None
+        elif want.numel() == 0:
+            results.append(None)
+        elif i == 1 and want.dim() == lse.ndim + 1:  # cuDNN's (..., L, 1)
+            results.append(lse.unsqueeze(-1))
+        elif i == 1 and _shape(want) == list(lse.layout.shape):  # flash's (..., L)
+            results.append(lse)
+        elif i == 1 and all(d.is_const() for d in _shape(want)[-1:] + list(lse.layout.shape)[-1:]):
+            # efficient's rows padded to a multiple of 32 (the padding only the backward pass reads)
+            results.append(lse.pad([0, int(_shape(want)[-1]) - int(lse.layout.shape[-1])]))
+        else:
+            results.append(_Missing(f"result {i} of the attention kernel (its backward pass state)"))
+    return results
+
+
+def _takes_val(f):
+    """Marks a translation that also gets torch's fake result (`val`), to shape results luminal has no use for."""
+    f.takes_val = True
+    return f
+
+
+@_takes_val
+def _sdpa_flash(q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, scale=None, val=None):
+    return _sdpa_results(val, q, k, v, None, dropout_p, is_causal, scale)
+
+
+@_takes_val
+def _sdpa_efficient(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, scale=None, val=None):
+    return _sdpa_results(val, q, k, v, attn_bias, dropout_p, is_causal, scale)
+
+
+@_takes_val
+def _sdpa_cudnn(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                scale=None, val=None):
+    return _sdpa_results(val, q, k, v, attn_bias, dropout_p, is_causal, scale)
+
+
 def _native_group_norm(x, weight, bias, n, c, hw, group, eps):
     from .normalization import group_norm
 
-    g = x.float().reshape([_dim(n), group, -1])
+    g = x.float().reshape([_dim(n), group, _dim(c) // group * _dim(hw)])  # (an empty batch has no -1 to solve)
     mean = g.mean(-1)
     rstd = (g.var(-1, correction=0) + eps).rsqrt()
     return group_norm(x, group, weight, bias, eps), mean, rstd
@@ -410,9 +483,32 @@ def _index(x, indices):
 
 
 def _index_put(x, indices, values, accumulate=False):
+    """aten.index_put: None stands for a whole dim (`cache[:, :, pos] = k` is [None, None, pos]). luminal's
+    index_put indexes the leading dims, so the indexed dims move first and back after."""
     from .indexing import index_put
+    from .tensor import broadcast_shapes
 
-    return index_put(x, tuple(indices), values, accumulate)
+    at = [d for d, t in enumerate(indices) if t is not None]
+    if at == list(range(len(at))):
+        return index_put(x, tuple(indices[:len(at)]), values, accumulate)
+    idx = [indices[d] for d in at]
+    rest = [d for d in range(x.ndim) if d not in at]
+    shape = list(x.layout.shape)
+    bshape = idx[0].layout.shape
+    for t in idx[1:]:
+        bshape = broadcast_shapes(bshape, t.layout.shape, "index_put")
+    nb = len(bshape)
+    if not isinstance(values, Tensor):
+        values = _fill([], values, x.dtype, x.graph)
+    if at == list(range(at[0], at[-1] + 1)):
+        # adjacent indexed dims: torch puts the indexed shape where they were
+        v = values.expand_to(shape[:at[0]] + list(bshape) + shape[at[-1] + 1:])
+        v = v.movedim(list(range(at[0], at[0] + nb)), list(range(nb)))
+    else:  # apart: the indexed shape comes first
+        v = values.expand_to(list(bshape) + [shape[d] for d in rest])
+    perm = at + rest
+    out = index_put(x.permute(perm), tuple(idx), v, accumulate)
+    return out.permute([perm.index(d) for d in range(x.ndim)])
 
 
 def _gelu(x, approximate="none"):
@@ -441,17 +537,38 @@ def _round(x, decimals=0):
 
 def _logical(name: str):
     def f(a, b):
-        if a.dtype is not dt.bool_ or (isinstance(b, Tensor) and b.dtype is not dt.bool_):
-            raise _Refused(f"bitwise_{name} of integers (luminal has it for bools only)")
-        return getattr(a, f"logical_{name}")(b)
+        if a.dtype is dt.bool_ and (not isinstance(b, Tensor) or b.dtype is dt.bool_):
+            return getattr(a, f"logical_{name}")(b)
+        return getattr(a, f"bitwise_{name}")(b)
 
     return f
 
 
 def _bitwise_not(x):
-    if x.dtype is not dt.bool_:
-        raise _Refused("bitwise_not of integers (luminal has it for bools only)")
-    return x.logical_not()
+    return x.logical_not() if x.dtype is dt.bool_ else x.bitwise_not()
+
+
+def _fn(name: str) -> Callable:
+    """luminal's function of torch's name, taking aten's arguments."""
+    def f(*args, **kwargs):
+        import luminal
+
+        return getattr(luminal, name)(*args, **kwargs)
+
+    return f
+
+
+def _pdist(x, p=2.0):
+    from .nn.functional import pdist
+
+    return pdist(x, p)
+
+
+def _indices(name: str):
+    def f(row, col, offset=0, dtype=None, layout=None, device=None, pin_memory=None):
+        return _fn(name)(row, col, offset, dtype=_opt_dtype(dtype) or dt.int32, graph=default_graph())
+
+    return f
 
 
 def _copy(dst, src, non_blocking=False):
@@ -485,7 +602,8 @@ def _noop(*args, **kwargs):
 
 
 # Ops whose size argument is replaced by torch's result shape.
-_SIZED = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default}
+_SIZED = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
+          aten.view_copy.default}
 
 ATEN: dict[Any, Callable] = {
     # ---- arithmetic and math (Tensor methods) -------------------------------------------------------------------
@@ -509,7 +627,10 @@ ATEN: dict[Any, Callable] = {
         "abs", "neg", "reciprocal", "sqrt", "rsqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin",
         "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh", "acosh", "atanh", "erf", "sigmoid",
         "sign", "floor", "ceil", "trunc", "frac", "relu", "isnan", "isinf", "isposinf", "isneginf", "logical_not",
-        "hardswish", "hardsigmoid", "mish", "silu", "logit")},
+        "hardswish", "hardsigmoid", "mish", "silu", "logit", "erfc", "erfinv", "lgamma", "digamma", "i0")},
+    **{getattr(aten, n).default: _m(n) for n in ("fmax", "fmin", "hypot", "gcd", "lcm")},
+    aten.copysign.Tensor: _m("copysign"), aten.copysign.Scalar: _m("copysign"), aten.ldexp.Tensor: _m("ldexp"),
+    aten.polygamma.default: lambda n, x: x.polygamma(n), aten.frexp.Tensor: _m("frexp"),
     # ---- activations with arguments -----------------------------------------------------------------------------
     aten.gelu.default: _gelu, aten.hardtanh.default: _m("hardtanh"), aten.leaky_relu.default: _m("leaky_relu"),
     aten.elu.default: _elu, aten.softplus.default: _m("softplus"), aten.threshold.default: _m("threshold"),
@@ -521,6 +642,11 @@ ATEN: dict[Any, Callable] = {
     aten.logical_xor.default: _m("logical_xor"),
     aten.bitwise_and.Tensor: _logical("and"), aten.bitwise_or.Tensor: _logical("or"),
     aten.bitwise_xor.Tensor: _logical("xor"), aten.bitwise_not.default: _bitwise_not,
+    aten.bitwise_and.Scalar: _logical("and"), aten.bitwise_or.Scalar: _logical("or"),
+    aten.bitwise_xor.Scalar: _logical("xor"),
+    aten.bitwise_left_shift.Tensor: _m("bitwise_left_shift"), aten.bitwise_right_shift.Tensor: _m(
+        "bitwise_right_shift"),
+    aten.signbit.default: _m("signbit"),
     aten.where.self: where,
     aten.masked_fill.Scalar: _m("masked_fill"), aten.masked_fill.Tensor: _m("masked_fill"),
     # ---- reductions and scans -----------------------------------------------------------------------------------
@@ -541,9 +667,22 @@ ATEN: dict[Any, Callable] = {
     aten.cumsum.default: lambda x, dim, dtype=None: (x.to(_lm_dtype(dtype)) if dtype else x).cumsum(dim),
     aten.cumprod.default: lambda x, dim, dtype=None: (x.to(_lm_dtype(dtype)) if dtype else x).cumprod(dim),
     aten._softmax.default: _softmax("softmax"), aten._log_softmax.default: _softmax("log_softmax"),
+    aten.cummax.default: _m("cummax"), aten.cummin.default: _m("cummin"),
+    aten.logcumsumexp.default: _m("logcumsumexp"),
+    aten.kthvalue.default: _m("kthvalue"), aten.mode.default: _m("mode"),
+    aten.median.default: _m("median"), aten.median.dim: _m("median"),
+    aten.nanmedian.default: _m("nanmedian"), aten.nanmedian.dim: _m("nanmedian"),
+    aten.histc.default: _m("histc"), aten.dist.default: _m("dist"),
+    aten._cdist_forward.default: lambda x1, x2, p, compute_mode=None: _fn("cdist")(x1, x2, p),
+    aten._pdist_forward.default: _pdist,
+    aten.bucketize.Tensor: lambda x, boundaries, out_int32=False, right=False: _fn("bucketize")(
+        x, boundaries, out_int32=out_int32, right=right),
+    aten.searchsorted.Tensor: lambda seq, x, out_int32=False, right=False, side=None, sorter=None: _fn(
+        "searchsorted")(seq, x, out_int32=out_int32, right=right, side=side, sorter=sorter),
     # ---- linear algebra ----------------------------------------------------------------------------------------
     aten.mm.default: _m("mm"), aten.bmm.default: _m("bmm"), aten.mv.default: _m("mv"), aten.dot.default: _m("dot"),
     aten.addmm.default: _m("addmm"), aten.addmv.default: _m("addmv"), aten.baddbmm.default: _m("baddbmm"),
+    aten.addbmm.default: _m("addbmm"),
     # ---- movement (views) -------------------------------------------------------------------------------------
     aten.view.default: _view, aten._unsafe_view.default: _view, aten.reshape.default: _view,
     aten.permute.default: _m("permute"),
@@ -563,6 +702,9 @@ ATEN: dict[Any, Callable] = {
     aten.reflection_pad1d.default: _pad_mode("reflect"), aten.reflection_pad2d.default: _pad_mode("reflect"),
     aten.replication_pad1d.default: _pad_mode("replicate"), aten.replication_pad2d.default: _pad_mode("replicate"),
     aten.tril.default: _m("tril"), aten.triu.default: _m("triu"),
+    aten.diagonal.default: _m("diagonal"), aten.unfold.default: _m("unfold"),
+    aten.view_copy.default: _view, aten.permute_copy.default: _m("permute"),
+    aten.narrow_copy.default: _m("narrow"), aten.unbind_copy.int: _m("unbind"),
     # ---- gathers and scatters ---------------------------------------------------------------------------------
     aten.embedding.default: lambda w, idx, padding_idx=-1, scale_grad_by_freq=False, sparse=False: embedding(idx, w),
     aten.index_select.default: _m("index_select"),
@@ -574,6 +716,13 @@ ATEN: dict[Any, Callable] = {
     aten.scatter_add.default: _ix("scatter_add"), aten.scatter_reduce.two: _ix("scatter_reduce"),
     aten.slice_scatter.default: _slice_scatter, aten.select_scatter.default: _select_scatter,
     aten.sort.default: _ix("sort"), aten.topk.default: _ix("topk"),
+    aten.sort.stable: lambda x, stable=None, dim=-1, descending=False: _ix("sort")(x, dim, descending,
+                                                                                  stable=bool(stable)),
+    aten.scatter.reduce: lambda x, dim, idx, src, reduce: _ix("scatter")(x, dim, idx, src, reduce=reduce),
+    aten.scatter.value_reduce: lambda x, dim, idx, value, reduce: _ix("scatter")(x, dim, idx, value=value,
+                                                                                 reduce=reduce),
+    aten.diagonal_scatter.default: _m("diagonal_scatter"), aten.masked_scatter.default: _m("masked_scatter"),
+    aten.put.default: _m("put"), aten.index_reduce.default: _m("index_reduce"),
     # ---- factories --------------------------------------------------------------------------------------------
     aten.full.default: _full, aten.full_like.default: _full_like,
     aten.zeros_like.default: lambda x, **k: _full_like(x, 0, **k),
@@ -581,6 +730,8 @@ ATEN: dict[Any, Callable] = {
     aten.empty_like.default: lambda x, **k: _full_like(x, 0, **k),  # contents undefined: zeros are fine
     aten.empty.memory_format: lambda size, **k: _full(size, 0, **k),
     aten.empty_strided.default: lambda size, stride, **k: _full(size, 0, **k),
+    aten.empty_permuted.default: lambda size, physical_layout, **k: _full(size, 0, **k),
+    aten.tril_indices.default: _indices("tril_indices"), aten.triu_indices.default: _indices("triu_indices"),
     aten.scalar_tensor.default: lambda s, **k: _full([], s, **k),
     aten.fill.Scalar: lambda x, v: _full_like(x, v),
     aten.arange.default: _arange, aten.arange.start: _arange, aten.arange.start_step: _arange,
@@ -591,7 +742,12 @@ ATEN: dict[Any, Callable] = {
     aten.native_group_norm.default: _native_group_norm,
     aten.scaled_dot_product_attention.default: _sdpa,
     aten._scaled_dot_product_flash_attention_for_cpu.default: _sdpa_cpu,
+    aten._scaled_dot_product_flash_attention.default: _sdpa_flash,
+    aten._scaled_dot_product_efficient_attention.default: _sdpa_efficient,
+    aten._scaled_dot_product_cudnn_attention.default: _sdpa_cudnn,
     aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
+    aten._native_batch_norm_legit_functional.default: _batch_norm_functional,
+    aten._trilinear.default: _trilinear,
     aten.max_pool2d_with_indices.default: _max_pool(2), aten.max_pool3d_with_indices.default: _max_pool(3),
     aten.avg_pool1d.default: _avg_pool(1), aten.avg_pool2d.default: _avg_pool(2),
     aten._adaptive_avg_pool2d.default: _adaptive("adaptive_avg_pool2d"),
@@ -618,10 +774,18 @@ ATEN: dict[Any, Callable] = {
 # ================================================================================================================
 @dataclasses.dataclass
 class Fallback:
-    """A node left to torch: its op (aten.lgamma.default), the FX node's name and why."""
+    """A node left to torch: its op (aten.lgamma.default), the FX node's name and why; `stack` is the user code
+    that made it (the FX node's stack trace, where dynamo kept one)."""
     op: str
     node: str
     reason: str
+    stack: str = dataclasses.field(default="", repr=False)
+
+    @property
+    def where(self) -> str:
+        """The innermost source line of the stack ("file", line n), or ""."""
+        frames = [ln.strip() for ln in self.stack.splitlines() if ln.strip().startswith("File ")]
+        return frames[-1].split(", in ")[0][len("File "):] if frames else ""
 
 
 def _op_name(node: fx.Node) -> str:
@@ -696,6 +860,9 @@ class _Translator:
                     self.env[node] = self._node(node)
                 except Exception as e:  # noqa: BLE001 - any failure to translate means torch runs the node
                     reason = str(e) if isinstance(e, _Refused) else f"{type(e).__name__}: {e}"
+                    if node.target is operator.getitem and not node.users:  # a result nothing reads
+                        self.env[node] = _Missing(reason)
+                        continue
                     if self.strict:
                         raise _Refused(f"{_op_name(node)} ({node.name}): {reason}") from e
                     self.refused[node] = reason
@@ -727,11 +894,15 @@ class _Translator:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n])
         if node.target in _SIZED and isinstance(val, torch.Tensor):
             args = (args[0], _shape(val))  # torch's solved sizes: a -1 over symbolic dims is already divided out
-        missing = _first_missing((args, kwargs))
+        # a getitem reads one result of a node: only that one must be a value luminal has
+        picked = node.target is operator.getitem and isinstance(args[0], (list, tuple))
+        missing = _first_missing(args[0][args[1]] if picked else (args, kwargs))
         if missing is not None:
             raise _Refused(missing.reason)
         if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0] in self.refused:
             raise _Refused("reads a result of a node left to torch")
+        if getattr(fn, "takes_val", False):
+            kwargs = {**kwargs, "val": val}
         out = fn(*args, **kwargs)
         return self._conform(out, val)
 
@@ -770,7 +941,8 @@ class _Translator:
         if isinstance(val, (tuple, list)):
             if not isinstance(out, (tuple, list)) or len(out) != len(val):
                 raise _Refused(f"translation gave {type(out).__name__}, torch {len(val)} results")
-            return [o if o is None and isinstance(v, torch.Tensor) and v.numel() == 0 else self._conform(o, v)
+            return [o if isinstance(o, _Missing) or o is None and isinstance(v, torch.Tensor) and v.numel() == 0
+                    else self._conform(o, v)
                     for o, v in zip(out, val)]
         return out
 
@@ -779,6 +951,8 @@ class _Translator:
         for r in results if isinstance(results, (list, tuple)) else [results]:
             v = self.env[r] if isinstance(r, fx.Node) else r
             if isinstance(v, _Missing):
+                if self.strict:
+                    raise _Refused(f"output {r}: {v.reason}")
                 self.outputs.append(v)
                 self.out_dtypes.append(None)
             elif isinstance(v, Tensor):
@@ -832,10 +1006,46 @@ class _Input:
         cx.set_dim(self.symbol, n // self.a)
 
 
+# DeviceArray dtypes as __cuda_array_interface__ type strings (bfloat16, which the interface lacks, as its bits).
+_TYPESTR = {"float32": "<f4", "float16": "<f2", "bfloat16": "<i2", "int32": "<i4", "uint8": "|u1", "bool": "|b1"}
+
+
+class _CudaArrayView:
+    """A luminal DeviceArray behind __cuda_array_interface__: torch.as_tensor reads it in place (no copy) and keeps
+    this object, and so the array, alive as long as the tensor."""
+
+    def __init__(self, a):
+        self.array = a
+        self.__cuda_array_interface__ = {"shape": tuple(a.shape), "typestr": _TYPESTR[a.dtype],
+                                         "data": (a.ptr, False), "strides": None, "version": 2}
+
+
+def _torch_from_device(a, device: torch.device) -> torch.Tensor:
+    """A luminal CUDA result as a torch CUDA tensor over the same memory."""
+    t = torch.as_tensor(_CudaArrayView(a), device=device)
+    return t.view(torch.bfloat16) if a.dtype == "bfloat16" else t
+
+
+def _weights_dtype(gm: fx.GraphModule) -> str:
+    """The CUDA backend's weight dtype when the options give none: the float dtype holding most of the graph's
+    input elements (a model cast to half precision keeps its weights in it)."""
+    sizes: Counter = Counter()
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(val, torch.Tensor) and val.dtype in (
+                torch.float32, torch.float16, torch.bfloat16):
+            n = val.numel()
+            sizes[val.dtype] += int(n) if isinstance(n, int) else 1  # a symbolic size counts little
+    top = max(sizes, key=sizes.get) if sizes else torch.float32
+    return str(top).replace("torch.", "")
+
+
 class LuminalGraph:
     """An FX graph of aten ops run by luminal: built and compiled once; called with the FX graph's arguments.
 
-    backend: 'cpu' or 'cuda', luminal's backend; results come back on the device of the graph's tensors."""
+    backend: 'cpu' or 'cuda', luminal's backend; results come back on the device of the graph's tensors. On CUDA,
+    CUDA tensors go to the GPU without a trip through the host (a copy on the device, once for parameters) and the
+    results are torch CUDA tensors over luminal's own result memory (no copy)."""
 
     def __init__(self, gm: fx.GraphModule, backend: str = "cpu", dtype=None, threads: int | None = None,
                  translated: _Translator | None = None):
@@ -846,7 +1056,7 @@ class LuminalGraph:
         for node, v in tr.inputs:
             val = node.meta.get("val")
             if isinstance(v, Tensor):
-                self.inputs.append(_Input(v, val.dtype, val.device.type))
+                self.inputs.append(_Input(v, val.dtype, val.device))
             elif isinstance(v, _core.Expr):
                 self.inputs.append(_Input(size=v))
             else:
@@ -855,7 +1065,7 @@ class LuminalGraph:
         if backend == "cuda":
             from .cuda import CudaCompiler
 
-            compilers = [GenericCompiler(), CudaCompiler(dtype or "float32")]
+            compilers = [GenericCompiler(), CudaCompiler(dtype or _weights_dtype(gm))]
         else:
             compilers = [GenericCompiler(), CPUCompiler(threads)]
         self.cx.compile(*compilers)
@@ -866,6 +1076,7 @@ class LuminalGraph:
         for spec, a in zip(self.inputs, args):  # sizes first: tensor shapes are checked against them
             if spec.symbol is not None:
                 spec.bind(cx, a)
+        synced = False
         for spec, a in zip(self.inputs, args):
             if spec.tensor is None:
                 continue
@@ -873,27 +1084,36 @@ class LuminalGraph:
             version = None if a.is_inference() else a._version
             if a is spec.last and version is not None and version == spec.version and a.data_ptr() == spec.ptr:
                 continue  # parameters and buffers: the graph still holds their data
-            if a.dtype != spec.dtype or a.device.type != spec.device:
+            if a.dtype != spec.dtype or a.device != spec.device:
                 raise TypeError(f"luminal graph input {spec.tensor.graph.node(spec.tensor.id).name} was compiled "
                                 f"for {spec.dtype} on {spec.device}, called with {a.dtype} on {a.device}")
+            if a.is_cuda and not synced:  # luminal copies on its own stream: torch's work on the inputs ends first
+                torch.cuda.current_stream(a.device).synchronize()
+                synced = True
             spec.tensor.set(self._device_array(a))
             spec.last, spec.version, spec.ptr = a, version, a.data_ptr()
         cx.execute()
         return [self._result(o, d) for o, d in zip(self.outputs, self.out_dtypes)]
 
     def _device_array(self, a: torch.Tensor):
-        if self.backend == "cuda" and a.is_cuda and a.is_contiguous() and a.dtype != torch.int64:
+        if self.backend == "cuda" and a.is_cuda:
             from .cuda import from_torch
 
-            return from_torch(a)
+            a = a.detach()
+            if a.dtype == torch.int64:
+                a = a.to(torch.int32)  # luminal's int32, converted on the device
+            return from_torch(a.contiguous())
         return _host_array(a)
 
     def _result(self, o, torch_dtype):
         if isinstance(o, Tensor):
-            t = torch.from_numpy(np.asarray(o.numpy()))
-            if t.dtype != torch_dtype:
-                t = t.to(torch_dtype)
-            return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+            raw = o.result() if self.backend == "cuda" and self.device.type == "cuda" else None
+            if raw is not None and not isinstance(raw, np.ndarray):  # a DeviceArray: read in place
+                t = _torch_from_device(raw, self.device)
+            else:
+                t = torch.from_numpy(np.asarray(o.numpy()))
+                t = t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+            return t if t.dtype == torch_dtype else t.to(torch_dtype)
         if isinstance(o, _core.Expr):
             return int(o.eval(self.cx.dims)) if not o.is_const() else int(o)
         return o
@@ -925,6 +1145,8 @@ class Explanation:
     graphs: int = 0
     nodes: int = 0
     fallbacks: list[Fallback] = dataclasses.field(default_factory=list)
+    result: Any = dataclasses.field(default=None, repr=False, compare=False)  # what the model returned
+    _held: list = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     @property
     def ops(self) -> dict[str, str]:
@@ -940,17 +1162,29 @@ class Explanation:
 
     def __str__(self):
         lines = [f"{self.graphs} graph(s), {self.nodes} aten node(s), {len(self.fallbacks)} left to torch"]
-        lines += [f"  {f.op} ({f.node}): {f.reason}" for f in self.fallbacks]
+        lines += [f"  {f.op} ({f.node}): {f.reason}" + (f" at {f.where}" if f.where else "") for f in self.fallbacks]
         return "\n".join(lines)
 
 
-def _compile_fx(gm: fx.GraphModule, example_inputs, options: dict, report: Explanation | None):
-    """The AOT forward compiler: the whole graph in luminal, or partitions of it with torch running the rest."""
+def _stack(node: fx.Node, stacks: dict) -> str:
+    """The user code behind an aten node: its stack trace, else that of the dynamo node it came from."""
+    if node.meta.get("stack_trace"):
+        return node.meta["stack_trace"]
+    src = (node.meta.get("from_node") or [None])[-1]
+    while src is not None and src.from_node:
+        src = src.from_node[-1]
+    return stacks.get(src.name, "") if src is not None else ""
+
+
+def _compile_fx(gm: fx.GraphModule, example_inputs, options: dict, report: Explanation | None,
+                stacks: dict | None = None):
+    """The AOT forward compiler: the whole graph in luminal, or partitions of it with torch running the rest.
+    stacks: the dynamo graph's stack trace per node name (for the report)."""
     COUNTERS["graphs"] += 1
     tr = _Translator(gm, strict=False).run()
     compute = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
     refused = {n: r for n, r in tr.refused.items() if n.target is not operator.getitem}
-    fallbacks = [Fallback(_op_name(n), n.name, r) for n, r in refused.items()]
+    fallbacks = [Fallback(_op_name(n), n.name, r, _stack(n, stacks or {})) for n, r in refused.items()]
     if report is not None:
         report.graphs += 1
         report.nodes += len(compute)
@@ -966,7 +1200,7 @@ def _compile_fx(gm: fx.GraphModule, example_inputs, options: dict, report: Expla
 
         return refuse
     kw = dict(backend=options.get("device") or tr.device, dtype=options.get("dtype"), threads=options.get("threads"))
-    if not tr.refused:
+    if not tr.refused and not any(isinstance(o, _Missing) for o in tr.outputs):
         try:
             return LuminalGraph(gm, translated=tr, **kw)
         except Exception as e:  # noqa: BLE001 - a backend that cannot compile the graph: torch runs it
@@ -1068,17 +1302,36 @@ def _backend(gm: fx.GraphModule, example_inputs, options: dict | None, report: E
     if options.get("device") not in (None, "cpu", "cuda"):
         raise ValueError(f"luminal backend: device must be 'cpu' or 'cuda', got {options['device']!r}")
 
+    stacks = {n.name: n.meta.get("stack_trace") or "" for n in gm.graph.nodes} if report is not None else None
+
     def forward(g, inputs):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # aot calls this under fake mode; graph constants are real tensors
-            return _compile_fx(g, inputs, options, report)
+            fn = _compile_fx(g, inputs, options, report, stacks)
+        if report is not None:
+            fn = _Held(fn)
+            report._held.append(fn)
+        return fn
 
     def backward(g, inputs):  # inference is what luminal compiles; a backward pass runs in torch
         return make_boxed_func(g.forward)
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
-                                 decompositions=_decompositions())
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    try:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=forward, bw_compiler=backward,
+                                     decompositions=_decompositions())
+    except GuardOnDataDependentSymNode as e:  # a decomposition reads the data (take): torch runs the graph
+        # (dynamo's own exceptions, which restart its analysis, pass through)
+        if not options.get("fallback", True):
+            raise
+        reason = f"AOT autograd could not trace the graph: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+        if report is not None:
+            report.graphs += 1
+            report.fallbacks.append(Fallback("(whole graph)", "", reason))
+        warnings.warn(f"luminal: the graph runs in torch: {reason}", stacklevel=2)
+        return gm.forward
 
 
 def backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, mode: str | None = None):
@@ -1090,15 +1343,38 @@ def backend(gm: fx.GraphModule, example_inputs, options: dict | None = None, mod
     return _backend(gm, example_inputs, options)
 
 
+class _Held:
+    """A graph compiled for explain(): dynamo keeps its cache entry (until torch._dynamo.reset()), in a recompile
+    region nothing looks up again, so explain() lets go of the compiled graph once it is done."""
+    __slots__ = ("fn",)  # no __dict__: functools.wraps in AOT's wrappers would copy `fn` into theirs
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        if self.fn is None:
+            raise RuntimeError("luminal: a graph compiled by explain() was called after explain() returned")
+        return self.fn(*args)
+
+
 def explain(model, *inputs, options: dict | None = None, **kwargs) -> Explanation:
     """Compiles and runs `model(*inputs, **kwargs)` (without grad) through the luminal backend and reports every
-    aten node left to torch, and why. Resets dynamo's caches first so every graph is compiled again."""
-    torch._dynamo.reset()
+    aten node left to torch, and why; `result` is what the call returned.
+
+    Every graph is compiled again, and the caller's compiled functions keep their caches: this compile has its own
+    backend and its own recompile region (torch.compile's isolate_recompiles), so it neither reuses their entries
+    nor counts against their recompile limit."""
     report = Explanation()
 
     def be(gm, example_inputs):
         return _backend(gm, example_inputs, options, report)
 
-    with torch.no_grad():
-        torch.compile(model, backend=be)(*inputs, **kwargs)
+    # A compiled module or function: explain what it wraps.
+    model = getattr(model, "_orig_mod", None) or getattr(model, "_torchdynamo_orig_callable", None) or model
+    try:
+        with torch.no_grad():
+            report.result = torch.compile(model, backend=be, isolate_recompiles=True)(*inputs, **kwargs)
+    finally:
+        for h in report._held:
+            h.fn = None
     return report
