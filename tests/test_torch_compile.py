@@ -510,6 +510,30 @@ def test_cuda_weights_updated_and_device_checked():
     assert_close(got, m(x.cpu()))
 
 
+@cuda
+def test_cuda_tensors_read_in_place():
+    """from_torch(copy=False) borrows torch's memory: the graph reads it where it is, and keeps it alive."""
+    from luminal.cuda import from_torch
+
+    t = torch.randn(4, 5, device="cuda")
+    torch.cuda.synchronize()
+    a = from_torch(t, copy=False)
+    assert a.ptr == t.data_ptr()
+    cx = lm.Graph()
+    x = cx.tensor((4, 5)).set(a)
+    y = (x * 2 + 1).output()
+    cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32"))
+    cx.execute()
+    assert_close(torch.from_numpy(y.numpy()), (t * 2 + 1).cpu())
+    want = (t * 3 * 2 + 1).cpu()
+    t.mul_(3)  # torch writes the same memory: the graph reads the new values
+    torch.cuda.synchronize()  # luminal runs on its own stream
+    x.set(from_torch(t, copy=False))
+    del t, a  # luminal holds the tensor now
+    cx.execute()
+    assert_close(torch.from_numpy(y.numpy()), want)
+
+
 def test_graph_aot_cannot_trace_runs_in_torch():
     """torch.take of a 0-d index decomposes into code that reads the data: AOT autograd cannot trace it, so the
     graph runs in torch (a warning says why; fallback=False raises instead). fullgraph: dynamo may not split the

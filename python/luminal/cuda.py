@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .compiler import (AttentionFusion, DeadNodeRemoval, ElementwiseFusion, MatMulLowering, QuantizedLowering,
-                       Sequence)
+from .compiler import (AttentionFusion, DeadNodeRemoval, ElementwiseFusion, MatMulLowering, MaximumLowering,
+                       QuantizedLowering, Sequence)
 
 CudaError = _core.CudaError
 DeviceArray = _core.DeviceArray
@@ -58,12 +58,18 @@ def cuda_available() -> tuple[bool, str]:
     return True, _core.cuda_device()["name"]
 
 
-def from_torch(t) -> DeviceArray:
-    """A copy, on the device, of a contiguous torch CUDA tensor (no trip through the host); for Tensor.set."""
+def from_torch(t, copy: bool = True) -> DeviceArray:
+    """A contiguous torch CUDA tensor as a DeviceArray for Tensor.set: a copy on the device (no trip through the
+    host), or with copy=False its own memory read in place (the tensor is kept alive; writing to it between runs
+    changes what the graph reads)."""
     names = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
              "torch.int32": "int32", "torch.uint8": "uint8", "torch.bool": "bool"}
     if not t.is_cuda or not t.is_contiguous() or str(t.dtype) not in names:
         raise ValueError(f"from_torch needs a contiguous CUDA tensor of {', '.join(names)}; got {t.dtype} on {t.device}")
+    if t.device.index not in (None, 0):  # luminal runs on the first GPU
+        raise ValueError(f"from_torch: the tensor is on {t.device}; luminal runs on cuda:0")
+    if not copy:
+        return _core.cuda_borrow(t.data_ptr(), list(t.shape), names[str(t.dtype)], t)
     return _core.cuda_copy_from_device(t.data_ptr(), list(t.shape), names[str(t.dtype)])
 
 
@@ -92,8 +98,8 @@ class CudaCompiler:
         self.device, self.host_fallback = device, host_fallback
         # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp);
         # attention (scores, softmax, weighted values) into one flash-attention kernel.
-        self.passes = [MatMulLowering(), QuantizedLowering(), ElementwiseFusion(row_reductions=True),
-                       AttentionFusion(), DeadNodeRemoval()]
+        self.passes = [MatMulLowering(), QuantizedLowering(), MaximumLowering(),
+                       ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):

@@ -1044,8 +1044,8 @@ class LuminalGraph:
     """An FX graph of aten ops run by luminal: built and compiled once; called with the FX graph's arguments.
 
     backend: 'cpu' or 'cuda', luminal's backend; results come back on the device of the graph's tensors. On CUDA,
-    CUDA tensors go to the GPU without a trip through the host (a copy on the device, once for parameters) and the
-    results are torch CUDA tensors over luminal's own result memory (no copy)."""
+    CUDA tensors are read in place (torch's memory borrowed, no copy; a dtype the kernels store differently is
+    converted on the device) and the results are torch CUDA tensors over luminal's own result memory (no copy)."""
 
     def __init__(self, gm: fx.GraphModule, backend: str = "cpu", dtype=None, threads: int | None = None,
                  translated: _Translator | None = None):
@@ -1102,7 +1102,9 @@ class LuminalGraph:
             a = a.detach()
             if a.dtype == torch.int64:
                 a = a.to(torch.int32)  # luminal's int32, converted on the device
-            return from_torch(a.contiguous())
+            # Read in place: torch's stream was synchronised before, and an input changed by torch is set again
+            # (its version moves) before the next run.
+            return from_torch(a.contiguous(), copy=False)
         return _host_array(a)
 
     def _result(self, o, torch_dtype):

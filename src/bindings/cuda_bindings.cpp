@@ -163,6 +163,21 @@ void bind_cuda(py::module_& m) {
     return a;
   }, "A device copy of `shape` elements of `dtype` at a device address of this process's context.");
 
+  m.def("cuda_borrow", [](uintptr_t ptr, const std::vector<int64_t>& shape, const std::string& dtype,
+                          py::object owner) {
+    DeviceArray a;
+    a.dtype = dtype_from_name(dtype);
+    a.shape = shape;
+    a.buf = std::make_shared<DeviceBuffer>(CUdeviceptr(ptr), a.nbytes());
+    // The owner (a torch tensor) lives as long as the buffer; it may be let go without the GIL held.
+    a.buf->owner = std::shared_ptr<void>(new py::object(std::move(owner)), [](void* o) {
+      py::gil_scoped_acquire gil;
+      delete static_cast<py::object*>(o);
+    });
+    return a;
+  }, "`shape` elements of `dtype` at a device address of this process's context, read in place (no copy); "
+     "`owner` is kept alive while luminal holds the array.");
+
   py::class_<Runtime>(m, "CudaRuntime")
       .def(py::init([](const Graph& g, const Module& s) { return new Runtime(g, s); }))
       .def("in_place_inputs", &Runtime::in_place_inputs)
