@@ -199,7 +199,7 @@ void Fence::wait() {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-  if (ptr) pool().give_back(ptr, bytes);
+  if (ptr && !owner) pool().give_back(ptr, bytes);
 }
 
 std::shared_ptr<DeviceBuffer> device_alloc(size_t bytes) {

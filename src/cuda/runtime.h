@@ -37,6 +37,9 @@ struct DeviceBuffer {
   CUdeviceptr ptr = 0;
   size_t bytes = 0;
   std::shared_ptr<Fence> fence;  // the run that last wrote it, if a run did
+  // Set for memory luminal borrows (a torch tensor's, through from_torch): kept alive while the buffer lives, and
+  // the pointer is never returned to the pool.
+  std::shared_ptr<void> owner;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(CUdeviceptr p, size_t b) : ptr(p), bytes(b) {}
