@@ -103,6 +103,7 @@ Driver load_driver() {
   bind(h, d.cuCtxSynchronize, "cuCtxSynchronize", L);
   bind(h, d.cuModuleLoadData, "cuModuleLoadData", L);
   bind(h, d.cuModuleGetFunction, "cuModuleGetFunction", L);
+  bind(h, d.cuFuncSetAttribute, "cuFuncSetAttribute", L);
   bind(h, d.cuMemAlloc, "cuMemAlloc_v2", L);
   bind(h, d.cuMemFree, "cuMemFree_v2", L);
   bind(h, d.cuMemcpyHtoD, "cuMemcpyHtoD_v2", L);

@@ -110,6 +110,24 @@ __device__ __forceinline__ void pdl_start() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// The GEMM's staging (gemm_kernel): 16-byte asynchronous copies into shared memory (src-size 0 fills zeros: the
+// rows and k past the edges), pairs of floats rounded to one register of 16-bit pairs, 8 x 8 fragment loads.
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ unsigned pack_bfloat16(float lo, float hi) {
+  unsigned r; asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ unsigned pack_float16(float lo, float hi) {
+  unsigned r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+__device__ __forceinline__ void ldsm_x4(unsigned* d, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
+}
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -401,6 +419,7 @@ class Generator {
   void qmatmul_step(Step& st, const Node& n, int block_bytes);
   void matmul_fast_kernels(const Node& n, Step& st);
   std::string mma_kernel(const Node& n, const Step& st);
+  Variant gemm_kernel(const Node& n, const Step& st, Variant::Kind kind);
   std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
@@ -459,6 +478,7 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
       case Op::Mul: e = a + " * " + b; break;
       case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
       case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
+      case Op::MaxReduce: e = "op_max(" + a + ", " + b + ")"; break;  // binary max: NaN wins, a on ties
       default: e = a; break;  // Cast / copy: the rounding does the work
     }
     body << "    " << r << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(" << e << ");\n";
@@ -695,7 +715,14 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     st.variants = std::move(fast);
   };
   if (R < 3) return finish({});
-  if (compute_ == DType::BF16 || compute_ == DType::F16) return finish({{Variant::TensorCore, mma_kernel(n, st)}});
+  if (compute_ == DType::BF16 || compute_ == DType::F16) {
+    std::vector<Variant> fast;
+    // (empty: an operand stored in a 16-bit type other than the compute dtype; the older kernel converts it)
+    Variant big = gemm_kernel(n, st, Variant::Gemm128), small = gemm_kernel(n, st, Variant::Gemm64);
+    if (!big.fn.empty()) fast = {big, small};
+    fast.push_back({Variant::TensorCore, mma_kernel(n, st)});
+    return finish(std::move(fast));
+  }
   // Tiled matrix product over [batch..., M, N, K] where a does not depend on n nor b on m: 64 x 64 outputs per
   // block of 256 threads, 4 x 4 each, through shared-memory tiles of 16 along k (stored k-major).
   Text k;
@@ -732,7 +759,161 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
   finish({{Variant::Tiled, add_kernel(k.str())}});
 }
 
-// The tiled matrix product on tensor cores (same parameter slice).
+// The pipelined tensor-core GEMM (same parameter slice; the runtime runs it on 16-byte aligned rows, see
+// applies()): BM x BN outputs per block of 8 warps, k in tiles of 32 or 64 through a ring of stages in dynamic
+// shared memory (gemm_shape). An operand stored in the compute dtype is copied asynchronously (cp.async, 16 bytes,
+// zero-filled past the edges); a float32 one is loaded into registers before the tile's products and rounded two
+// floats per instruction into the ring after them, so its loads overlap the math too. Rows of 64 halves are 8
+// chunks of 16 bytes, chunk c of row r stored at c ^ (r & 7) (rows of 32: 4 chunks, at c ^ ((r >> 1) & 3)): the 8
+// rows an ldmatrix reads hit 8 distinct bank groups.
+Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind) {
+  const ViewSlot& av = st.views[0];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
+  auto raw = [&](DType d) { return d == compute_; };
+  if ((!raw(as) && as != DType::F32) || (!raw(bs) && bs != DType::F32)) return {kind, ""};
+  GemmShape G = gemm_shape(kind, !raw(as) || !raw(bs));
+  const int BM = G.bm, BN = G.bn, BK = G.bk, S = G.stages, CH = BK / 8;
+  const int WM = 2, WN = 4, TM = BM / WM, TN = BN / WN, MI = TM / 16, NJ = TN / 8;
+  auto sw = [&](const std::string& r, const std::string& c) {
+    std::string x = BK == 64 ? "(" + r + " & 7)" : "((" + r + " >> 1) & 3)";  // (rows of 128 or 64 bytes)
+    return r + " * " + std::to_string(BK) + " + ((" + c + " ^ " + x + ") << 3)";
+  };
+  Tiles T(st);
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", pk = "pack_" + std::string(dtype_name(compute_));
+  std::string od = dtype_name(n.dtype);
+  auto I = [](int v) { return std::to_string(v); };
+  Text t;
+  t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
+    << "  extern __shared__ __align__(128) u16 smem_[];  // " << S << " stages of A's tile, then of B's\n"
+    << "  i64 M = " << T.M << ", N = " << T.N << ", K = " << T.K << ";\n"
+    << "  i64 m0 = (i64)blockIdx.x * " << BM << ", n0 = (i64)blockIdx.y * " << BN << ";\n"
+    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w / " << WN << ", wn = w % " << WN
+    << ", g = lane >> 2, q = (lane & 3) * 2;\n";
+  // Staging: chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8.
+  auto stage_setup = [&](const char* x, const ViewText& v, DType d, int rows, bool is_a) {
+    int U = rows * CH / 256;
+    std::string X = x, in = is_a ? "in0" : "in1", r0 = is_a ? "m0" : "n0", lim = is_a ? "M" : "N";
+    t << "  const char* g" << X << "[" << U << "]; bool r" << X << "[" << U << "]; int d" << X << "[" << U << "], c" << X
+      << "[" << U << "];\n"
+      << "  for (int u = 0; u < " << U << "; ++u) {\n"
+      << "    int id = tid + 256 * u, r = id / " << CH << ", c = id % " << CH << ";\n"
+      << "    i64 row = " << r0 << " + r;\n"
+      << "    r" << X << "[u] = row < " << lim << ";\n"
+      << "    if (row >= " << lim << ") row = " << lim << " - 1;  // (a valid address; nothing is read)\n"
+      << "    g" << X << "[u] = (const char*)" << in << " + (" << (is_a ? T.off(v, "row", "0", "0") : T.off(v, "0", "row", "0"))
+      << " + c * 8) * " << (d == DType::F32 ? 4 : 2) << ";\n"
+      << "    d" << X << "[u] = " << sw("r", "c") << ";\n    c" << X << "[u] = c * 8;\n  }\n";
+    if (!raw(d)) t << "  float4 x" << X << "[" << U << "][2];\n";
+  };
+  stage_setup("a", T.a, as, BM, true);
+  stage_setup("b", T.b, bs, BN, false);
+  // (stage s of A's ring, or of B's)
+  auto stage = [&](bool is_a, const std::string& s) {
+    return "(smem_ + " + (is_a ? std::string() : std::to_string(S * BM * BK) + " + ") + s + " * " +
+           std::to_string((is_a ? BM : BN) * BK) + ")";
+  };
+  // Issue tile kt's loads into stage s (cp.async, or float32 into registers); then round the registers into it.
+  auto load = [&](const char* x, DType d, int rows, const char* ind) {
+    int U = rows * CH / 256;
+    std::string X = x, sm = stage(X == "a", "s");
+    t << ind << "for (int u = 0; u < " << U << "; ++u) {\n"
+      << ind << "  bool ok = r" << X << "[u] && k0 + c" << X << "[u] < K;\n";
+    if (raw(d))
+      t << ind << "  cp_async16(smem_u32(" << sm << " + d" << X << "[u]), g" << X << "[u] + k0 * 2, ok);\n";
+    else
+      t << ind << "  const float4* src = (const float4*)(g" << X << "[u] + k0 * 4);\n"
+        << ind << "  x" << X << "[u][0] = ok ? src[0] : make_float4(0.f, 0.f, 0.f, 0.f);\n"
+        << ind << "  x" << X << "[u][1] = ok ? src[1] : make_float4(0.f, 0.f, 0.f, 0.f);\n";
+    t << ind << "}\n";
+  };
+  auto store = [&](const char* x, DType d, int rows, const char* ind) {
+    if (raw(d)) return;
+    int U = rows * CH / 256;
+    std::string X = x, sm = stage(X == "a", "s");
+    t << ind << "for (int u = 0; u < " << U << "; ++u) {\n"
+      << ind << "  const float4 &l = x" << X << "[u][0], &h = x" << X << "[u][1];\n"
+      << ind << "  *(uint4*)(" << sm << " + d" << X << "[u]) = make_uint4(" << pk << "(l.x, l.y), " << pk << "(l.z, l.w), "
+      << pk << "(h.x, h.y), " << pk << "(h.z, h.w));\n"
+      << ind << "}\n";
+  };
+  t << "  float acc[" << MI << "][" << NJ << "][4] = {};\n"
+    << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
+    << "  for (int s = 0; s < " << S - 1 << "; ++s) {\n"
+    << "    i64 k0 = (i64)s * " << BK << ";\n"
+    << "    if (s < KT) {\n";
+  load("a", as, BM, "      ");
+  load("b", bs, BN, "      ");
+  store("a", as, BM, "      ");
+  store("b", bs, BN, "      ");
+  t << "    }\n    cp_commit();\n  }\n"
+    << "  for (int kt = 0; kt < KT; ++kt) {\n"
+    << "    cp_wait<" << S - 2 << ">();  // tile kt is in\n"
+    << "    __syncthreads();             // and every warp is done with the stage refilled below (tile kt - 1's)\n"
+    << "    int nk = kt + " << S - 1 << ", s = nk % " << S << ";\n"
+    << "    i64 k0 = (i64)nk * " << BK << ";\n"
+    << "    if (nk < KT) {\n";
+  load("a", as, BM, "      ");
+  load("b", bs, BN, "      ");
+  t << "    }\n"
+    << "    const u16 *sa = " << stage(true, "(kt % " + I(S) + ")") << ", *sb = " << stage(false, "(kt % " + I(S) + ")")
+    << ";\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < " << CH << "; kk += 2) {  // (chunks: 16 of k)\n"
+    << "      unsigned af[" << MI << "][4], bf[" << NJ << "][2];\n"
+    << "#pragma unroll\n"
+    << "      for (int i = 0; i < " << MI << "; ++i) {\n"
+    << "        int r = wm * " << TM << " + i * 16 + (lane & 15), c = kk + (lane >> 4);\n"
+    << "        ldsm_x4(af[i], smem_u32(sa + " << sw("r", "c") << "));\n      }\n"
+    << "#pragma unroll\n"
+    << "      for (int j = 0; j < " << NJ << "; j += 2) {\n"
+    << "        int r = wn * " << TN << " + j * 8 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1);\n"
+    << "        unsigned f[4];\n"
+    << "        ldsm_x4(f, smem_u32(sb + " << sw("r", "c") << "));\n"
+    << "        bf[j][0] = f[0]; bf[j][1] = f[1]; bf[j + 1][0] = f[2]; bf[j + 1][1] = f[3];\n      }\n"
+    << "#pragma unroll\n"
+    << "      for (int i = 0; i < " << MI << "; ++i)\n"
+    << "#pragma unroll\n"
+    << "        for (int j = 0; j < " << NJ << "; ++j)\n"
+    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
+       "\"r\"(bf[j][1]));\n"
+    << "    }\n"
+    << "    if (nk < KT) {\n";
+  store("a", as, BM, "      ");
+  store("b", bs, BN, "      ");
+  t << "    }\n    cp_commit();\n  }\n"
+    << "  cp_wait<0>();\n";
+  // Each thread holds pairs of adjacent columns: one 8-byte (float32) or 4-byte store when N is even.
+  std::string pair;
+  if (n.dtype == DType::F32) pair = "*(float2*)((float*)out + o) = make_float2(v0, v1);";
+  else if (n.dtype == DType::BF16 || n.dtype == DType::F16) {
+    std::string cv = n.dtype == DType::BF16 ? "f32_bf16" : "f32_f16";
+    pair = "*(unsigned*)((u16*)out + o) = (unsigned)" + cv + "(v0) | ((unsigned)" + cv + "(v1) << 16);";
+  }
+  t << "  i64 ob = (i64)blockIdx.z * M;\n"
+    << "#pragma unroll\n"
+    << "  for (int i = 0; i < " << MI << "; ++i)\n"
+    << "#pragma unroll\n"
+    << "    for (int j = 0; j < " << NJ << "; ++j)\n"
+    << "#pragma unroll\n"
+    << "      for (int h = 0; h < 2; ++h) {\n"
+    << "        i64 m = m0 + wm * " << TM << " + i * 16 + g + h * 8, nn = n0 + wn * " << TN << " + j * 8 + q;\n"
+    << "        if (m >= M || nn >= N) continue;\n"
+    << "        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];\n"
+    << "        i64 o = (ob + m) * N + nn;\n";
+  if (!pair.empty())
+    t << "        if ((N & 1) == 0) { " << pair << " continue; }\n";
+  t << "        st_" << od << "(out, o, v0);\n"
+    << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n}\n";
+  return {kind, add_kernel(t.str()), G.smem_bytes()};
+}
+
+// The tiled matrix product on tensor cores (same parameter slice): the fallback for rows gemm_kernel cannot take
+// (unaligned, or K not a multiple of 8) and operands stored in another 16-bit type.
 std::string Generator::mma_kernel(const Node& n, const Step& st) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
@@ -1406,8 +1587,16 @@ Module Generator::run() {
 
 const char* prelude() { return kPrelude; }
 
+GemmShape gemm_shape(Variant::Kind k, bool f32) {
+  // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads
+  // wait in registers for a tile's products, so 64s give them twice the time (96 KB). 64 x 64: 64 KB.
+  if (k == Variant::Gemm128) return f32 ? GemmShape{128, 128, 64, 3} : GemmShape{128, 128, 32, 3};
+  return GemmShape{64, 64, 64, 4};
+}
+
 const char* variant_name(Variant::Kind k) {
-  static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma"};
+  static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
+                                "gemm128", "gemm64"};
   return names[k];
 }
 

@@ -43,10 +43,21 @@ struct Variant {
                   // online, float32 (see attention_step in codegen.cpp)
     AttentionRows,  // Attention, any row program and views: a block per query row, a pass per Reduce step
     FlashMma,     // Flash on tensor cores (mma.sync, a 16-bit compute dtype): 128 query rows per block
+    Gemm128,      // TensorCore pipelined (cp.async ring, ldmatrix), 128 x 128 tiles: 16-byte aligned rows
+    Gemm64,       // the same, 64 x 64 tiles: for products with too few 128 x 128 tiles to fill the GPU
   } kind;
   std::string fn;
+  int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
 };
 const char* variant_name(Variant::Kind k);
+
+// A pipelined GEMM variant's tiles (rows of A, rows of B, k) and ring stages: its dynamic shared memory is
+// stages x (bm + bn) x bk 16-bit values. `f32`: an operand is staged from float32 through registers.
+struct GemmShape {
+  int bm, bn, bk, stages;
+  int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
+};
+GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.
 struct Step {

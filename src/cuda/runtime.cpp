@@ -276,7 +276,12 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   for (size_t i = 0; i < ns; ++i) {
     const luminal::Step& cs = core(i);
     const Node& n = g_.node(cs.node);
-    for (const Variant& v : s_.steps[i].variants) load(v.fn);
+    for (const Variant& v : s_.steps[i].variants) {
+      load(v.fn);
+      // (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; over 48 KB needs it)
+      if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64)
+        check(driver().cuFuncSetAttribute(fns_[v.fn], 8, v.smem), "cuFuncSetAttribute", v.fn);
+    }
     load(s_.steps[i].rows_fn);
     load(s_.steps[i].combine_fn);
     L_.slot.push_back(nparams);
@@ -399,6 +404,23 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
     case Variant::AttentionRows:
       L_.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(L_.items[i], int64_t(sms_) * 16))), 1, 1};
       return true;
+    case Variant::Gemm128: case Variant::Gemm64: {
+      // 16-byte aligned rows (the operands' chunks; K past its last tile is zero-filled); the 128-row tiles when
+      // they alone fill the GPU, else the 64-row ones.
+      const ConcreteView &a = cv[0], &b = cv[1];
+      size_t r = a.shape.size();
+      if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 || a.shape[r - 3] < 16 ||
+          !rows_aligned(a, b))
+        return false;
+      int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
+      int64_t T = v.kind == Variant::Gemm128 ? 128 : 64;
+      int64_t tm = (M + T - 1) / T, tn = (N + T - 1) / T;
+      if (batch > 65535 || tn > 65535 || a.shape[r - 1] >= (int64_t(1) << 31)) return false;
+      if (v.kind == Variant::Gemm128 && tm * tn * batch < int64_t(sms_)) return false;
+      // (m tiles along x: the blocks running together share the weights' tiles, and the activations stay in L2)
+      L_.grid[i] = {unsigned(tm), unsigned(tn), unsigned(batch)};
+      return true;
+    }
     case Variant::Tiled: case Variant::TensorCore: {
       // [batch..., M, N, K] where a does not depend on n nor b on m, with enough rows to share the weights.
       const ConcreteView &a = cv[0], &b = cv[1];
@@ -590,7 +612,7 @@ void Runtime::upload_plan() {
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
-                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads) {
+                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads, unsigned smem) {
   if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
   ++launched_;
   // Recorded into a reused entry (no allocation per launch once warm).
@@ -599,6 +621,7 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   l.f = fns_.at(fn);
   l.node = node;
   l.threads = threads;
+  l.smem = smem;
   // Kernels loop over their work (grid-stride), so any grid is correct: blocks are rounded up to a power of two,
   // so that a decode step whose work grows by a row keeps its grid (and a CUDA graph its node) for many steps.
   int64_t threads_needed = std::max<int64_t>(1, per_row ? items * 32 : items);
@@ -625,7 +648,8 @@ void Runtime::execute(const Launch& l) {
     args = big.data();
   }
   for (size_t k = 0; k < l.args.size(); ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
-  CUresult r = driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, 0, nullptr, args, nullptr);
+  CUresult r =
+      driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, nullptr, args, nullptr);
   if (r) {
     const Node& n = g_.node(l.node);
     check(r, "cuLaunchKernel", "node " + std::to_string(l.node) + " (" + op_label(n) + ")");
@@ -633,8 +657,8 @@ void Runtime::execute(const Launch& l) {
 }
 
 namespace {
-KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, std::vector<void*>& argp,
-                             std::vector<CUdeviceptr>& args) {
+KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, unsigned smem,
+                             std::vector<void*>& argp, std::vector<CUdeviceptr>& args) {
   argp.resize(args.size());
   for (size_t k = 0; k < args.size(); ++k) argp[k] = &args[k];
   KernelNodeParams p{};
@@ -644,6 +668,7 @@ KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned thread
   p.gridDimZ = grid[2];
   p.blockDimX = threads;
   p.blockDimY = p.blockDimZ = 1;
+  p.sharedMemBytes = smem;
   p.kernelParams = argp.data();
   return p;
 }
@@ -665,7 +690,7 @@ void Runtime::replay(size_t n) {
     for (size_t i = 0; i < n; ++i) {
       Launch &now = pending_[i], &was = c.launches[i];
       if (now.args == was.args && now.threads == was.threads && std::equal(now.grid, now.grid + 3, was.grid)) continue;
-      KernelNodeParams p = node_params(now.f, now.grid, now.threads, argp, now.args);
+      KernelNodeParams p = node_params(now.f, now.grid, now.threads, now.smem, argp, now.args);
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
   } else {
@@ -682,7 +707,8 @@ void Runtime::replay(size_t n) {
     edge.from_port = 1;
     edge.type = 1;
     for (size_t i = 0; i < n; ++i) {
-      KernelNodeParams p = node_params(pending_[i].f, pending_[i].grid, pending_[i].threads, argp, pending_[i].args);
+      const Launch& l = pending_[i];
+      KernelNodeParams p = node_params(l.f, l.grid, l.threads, l.smem, argp, pending_[i].args);
       bool chain = i && !pdl_;
       check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0, &p),
             "cuGraphAddKernelNode");
@@ -941,6 +967,9 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::BlockPerRow: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), L_.threads[i]); break;
           case Variant::Tiled: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data()); break;
           case Variant::TensorCore: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 128); break;
+          case Variant::Gemm128: case Variant::Gemm64:
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
+            break;
           case Variant::Flash: case Variant::FlashMma: case Variant::AttentionRows: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             unsigned threads = v.kind == Variant::Flash ? 128 : 256;

@@ -108,7 +108,8 @@ class Runtime {
   bool up_iota_ = false;                 // ... and whether the Iota values changed
   Bindings last_dims_, last_delta_;      // the dims of the run before, and how they moved (to predict the next)
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
-              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256);
+              const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256,
+              unsigned smem = 0);
 
   Graph g_;
   Module s_;
@@ -122,7 +123,7 @@ class Runtime {
   // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
   struct Launch {
     CUfunction f;
-    unsigned grid[3], threads;
+    unsigned grid[3], threads, smem = 0;  // (smem: dynamic shared memory, bytes)
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
     int64_t node;
   };
