@@ -196,6 +196,12 @@ class ContractionLowering(_CorePass):
     fn = staticmethod(_core.lower_contractions)
 
 
+class MaximumLowering(_CorePass):
+    """MaxReduce over a stack of two tensors (Tensor.maximum: relu, clamp, minimum) -> an element-wise Maximum,
+    which fuses with its neighbours (run before ElementwiseFusion)."""
+    fn = staticmethod(_core.lower_maximum)
+
+
 class QuantizedLowering(_CorePass):
     """MatMul over Dequant(raw GGUF rows) -> a kernel that unpacks weight rows on the fly; gathers move before
     dequantisation."""
@@ -234,7 +240,7 @@ class CPUCompiler:
         if threads is not None:
             _core.set_num_threads(threads)
         self.passes = [MatMulLowering(), QuantizedLowering(), QuantizedStacking(), ContractionLowering(),
-                       ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
+                       MaximumLowering(), ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
 
     def compile(self, graph, remap):
         return Sequence(*self.passes).compile(graph, remap)

@@ -80,6 +80,7 @@ void bind_compiler(py::module_& m) {
   m.def("fold_constants", [](Graph& g) { return apply_rules(g, constant_folding_rules()); });
   m.def("lower_matmuls", &lower_matmuls);
   m.def("lower_contractions", &lower_contractions);
+  m.def("lower_maximum", &lower_maximum);
   m.def("lower_quantized", &lower_quantized);
   m.def("stack_qmatmuls", &stack_qmatmuls);
   m.def("fuse_attention", &fuse_attention);

@@ -12,7 +12,9 @@ namespace luminal {
 
 struct Instr {
   enum Kind : uint8_t { Load, Imm, Apply, Reduce } kind;
-  Op op = Op::Input;  // Apply: a unary or binary primop, or Cast; Reduce: SumReduce or MaxReduce
+  // Apply: a unary or binary primop, Cast, or MaxReduce as the binary max of a and b (torch.maximum: NaN if either
+  // is, else b if b > a, else a); Reduce: SumReduce or MaxReduce
+  Op op = Op::Input;
   int a = -1, b = -1;  // operand registers
   int input = -1;      // Load: which kernel input
   double imm = 0;      // Imm

@@ -29,6 +29,15 @@ std::shared_ptr<const Program> program_for(const Graph& g, const Node& n, std::v
     prog->reduce = Op::SumReduce;
     return prog;
   }
+  if (op_as<MaximumOp>(n)) {  // normally fused; alone it is a one-step program
+    prog->code = {load(g, n, 0), load(g, n, 1)};
+    Instr mx{Instr::Apply, Op::MaxReduce};
+    mx.a = 0;
+    mx.b = 1;
+    mx.dtype = n.dtype;
+    prog->code.push_back(mx);
+    return prog;
+  }
   switch (n.op) {
     case Op::Output: case Op::Cast: case Op::Log2: case Op::Exp2: case Op::Sin: case Op::Sqrt: case Op::Recip:
     case Op::Add: case Op::Mul: case Op::Mod: case Op::LessThan: {

@@ -65,9 +65,60 @@ void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, T* out) {
   }
 }
 
+// Loads whole rows [row0, row0 + m) of length L. An unpadded float32 view (the common case: a convolution's output
+// and its per-channel batch-norm parameters) steps through its outer indices like an odometer instead of dividing
+// per row, and copies one run when the rows are consecutive in memory; plan.cpp checked its bounds once.
+template <class T>
+void load_rows(const KernelArg& a, int64_t row0, int64_t m, int64_t L, T* out) {
+  const ConcreteView& v = a.view;
+  size_t r = v.shape.size();
+  if (v.masked || r == 0 || a.buf->dtype != DType::F32 || m <= 1) {
+    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L);
+    return;
+  }
+  const float* f = static_cast<const float*>(a.buf->data.get());
+  int64_t s = v.strides[r - 1];
+  // Consecutive rows: every outer stride is the row-major one.
+  bool flat = s == 1;
+  for (int64_t d = int64_t(r) - 2, expect = L; flat && d >= 0; expect *= v.shape[size_t(d)], --d)
+    flat = v.shape[size_t(d)] == 1 || v.strides[size_t(d)] == expect;
+  if (flat) {
+    std::copy(f + v.offset + row0 * L, f + v.offset + (row0 + m) * L, out);
+    return;
+  }
+  int idx[8];
+  if (r - 1 > 8) {
+    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L);
+    return;
+  }
+  int64_t base = v.offset, rest = row0;
+  for (int d = int(r) - 2; d >= 0; --d) {
+    idx[d] = int(rest % v.shape[size_t(d)]);
+    rest /= v.shape[size_t(d)];
+    base += idx[d] * v.strides[size_t(d)];
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    T* o = out + i * L;
+    const float* p = f + base;
+    if (s == 1) std::copy(p, p + L, o);
+    else if (s == 0) std::fill(o, o + L, T(*p));
+    else for (int64_t j = 0; j < L; ++j) o[j] = p[j * s];
+    for (int d = int(r) - 2; d >= 0; --d) {  // the next row
+      base += v.strides[size_t(d)];
+      if (++idx[d] < v.shape[size_t(d)]) break;
+      base -= idx[d] * v.strides[size_t(d)];
+      idx[d] = 0;
+    }
+  }
+}
+
 // The float32 loops, compiled once more for AVX2 (picked by cpu_isa()): + * / sqrt and < are exact in any vector
 // width, so both versions give the same bits. The bodies are inlined into one function per target.
 #define LM_BODY __attribute__((always_inline)) inline
+// The binary max (an Apply of MaxReduce): torch.maximum's NaN if either is NaN, and x on ties (-0.0 vs 0.0).
+// x != x for isnan: the same test, but one the compiler vectorises.
+template <class T>
+LM_BODY T max_nan(T x, T y) { return (y != y || y > x) ? y : x; }
 LM_BODY void apply_f32_body(Op op, const float* x, const float* y, float* o, int64_t n) {
   switch (op) {
     case Op::Sqrt: for (int64_t i = 0; i < n; ++i) o[i] = std::sqrt(x[i]); break;
@@ -75,6 +126,7 @@ LM_BODY void apply_f32_body(Op op, const float* x, const float* y, float* o, int
     case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
     case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
     case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? 1.0f : 0.0f; break;
+    case Op::MaxReduce: for (int64_t i = 0; i < n; ++i) o[i] = max_nan(x[i], y[i]); break;
     default: std::copy(x, x + n, o); break;
   }
 }
@@ -135,6 +187,7 @@ void apply(Op op, const T* x, const T* y, T* o, int64_t n) {
         case Op::Add: for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i]; break;
         case Op::Mul: for (int64_t i = 0; i < n; ++i) o[i] = x[i] * y[i]; break;
         case Op::LessThan: for (int64_t i = 0; i < n; ++i) o[i] = x[i] < y[i] ? T(1) : T(0); break;
+        case Op::MaxReduce: for (int64_t i = 0; i < n; ++i) o[i] = max_nan(x[i], y[i]); break;
         default: std::copy(x, x + n, o); break;  // Cast: the rounding does the work
       }
   }
@@ -198,7 +251,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
           const Instr& in = prog.code[i];
           T* dst = regs.data() + i * kChunk;
           if (in.kind == Instr::Load) {
-            for (int64_t r = 0; r < m; ++r) load_row(args[in.input], g0 + r, 0, L, dst + r * L);
+            load_rows(args[in.input], g0, m, L, dst);
           } else if (in.kind == Instr::Imm) {
             continue;
           } else if (in.kind == Instr::Reduce) {
@@ -292,6 +345,26 @@ void fused_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& 
   else run_program<double>(prog, args, node, out);
 }
 
+// A Maximum that no fusion absorbed (a graph compiled without ElementwiseFusion): the one-step program fusion would
+// make of it.
+void maximum_kernel(const std::vector<KernelArg>& args, const Node& node, Buffer& out) {
+  auto f32 = [](DType d) { return d == DType::F32 || d == DType::Bool; };
+  Program prog;
+  for (int k = 0; k < 2; ++k) {
+    Instr ld{Instr::Load};
+    ld.input = k;
+    ld.dtype = args[size_t(k)].buf->dtype;
+    prog.code.push_back(ld);
+  }
+  Instr mx{Instr::Apply, Op::MaxReduce};
+  mx.a = 0;
+  mx.b = 1;
+  mx.dtype = node.dtype;
+  prog.code.push_back(mx);
+  if (f32(node.dtype) && f32(args[0].buf->dtype) && f32(args[1].buf->dtype)) run_program<float>(prog, args, node, out);
+  else run_program<double>(prog, args, node, out);
+}
+
 }  // namespace
 
 void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, int64_t row, int64_t L, int given,
@@ -320,7 +393,10 @@ void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, i
 namespace {
 
 struct Registrar {
-  Registrar() { register_cpu_kernel(typeid(FusedOp), fused_kernel); }
+  Registrar() {
+    register_cpu_kernel(typeid(FusedOp), fused_kernel);
+    register_cpu_kernel(typeid(MaximumOp), maximum_kernel);
+  }
 } registrar;
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace luminal {
 namespace {
 
 bool fusible(const Node& n) {
-  if (is_unary(n.op) || is_binary(n.op) || n.op == Op::Cast) return true;
+  if (is_unary(n.op) || is_binary(n.op) || n.op == Op::Cast || op_as<MaximumOp>(n)) return true;
   return (n.op == Op::SumReduce || n.op == Op::MaxReduce) && n.axis == int(n.inputs[0].view.shape.size()) - 1;
 }
 
@@ -54,7 +54,7 @@ class ProgramBuilder {
       prog_->reduce = x.op;
       return;
     }
-    Instr in{Instr::Apply, x.op};
+    Instr in{Instr::Apply, op_as<MaximumOp>(x) ? Op::MaxReduce : x.op};  // MaxReduce applied: a binary max
     in.a = emit(x.inputs[0]);
     if (x.inputs.size() > 1) in.b = emit(x.inputs[1]);
     in.dtype = x.dtype;

@@ -21,6 +21,11 @@ size_t lower_quantized(Graph& g);
 // QMatMuls of one format over the same activations (q/k/v, gate/up) -> one QMatMul over their stacked weights.
 size_t stack_qmatmuls(Graph& g);
 
+// MaxReduce over a length-2 axis of a stack of two tensors (an Add of two pieces padded to index 0 and 1 of that
+// axis: how Tensor.maximum, relu and clamp are built) -> Maximum of the two pieces' views, which fuses with its
+// neighbours. Run before fuse_elementwise.
+size_t lower_maximum(Graph& g);
+
 // Chains of elementwise primops (and a sum/max over the last axis at their end) -> one Fused kernel each. With
 // `row_reductions`, reductions over the row also fuse into the consumers that read them broadcast along the row
 // (Instr::Reduce): RMSNorm and softmax become one kernel each.

@@ -28,6 +28,15 @@ class ContractionOp : public TypedOp<ContractionOp> {
   size_t attr_hash() const { return size_t(axes); }
 };
 
+// The element-wise max of two tensors of one shape (torch.maximum), put in place of a MaxReduce over a stack of
+// the two: it fuses as an Apply step (Instr op MaxReduce with two operands).
+class MaximumOp : public TypedOp<MaximumOp> {
+ public:
+  std::string name() const override { return "Maximum"; }
+  bool same(const MaximumOp&) const { return true; }
+  size_t attr_hash() const { return 0; }
+};
+
 // GGUF block-quantised weight formats: blocks of 32 weights.
 enum class QuantFormat : uint8_t { Q8_0, Q4_0, Q4_1 };
 constexpr int kQuantBlock = 32;  // weights per block
