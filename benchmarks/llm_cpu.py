@@ -5,12 +5,21 @@ All engines run the bundled GGUF (`luminal.hub.bundled_model_path()`), the same 
 same thread count. Runs alternate between the engines (luminal, hf, llama.cpp, luminal, hf, ...) so that machine
 noise hits all of them alike; the table shows medians and the luminal/peer ratios from this one run.
 
+A second row measures decode at a long context (--long-context, default 4096 tokens; 0 skips it): a chat prompt
+padded to that many tokens is prefilled once per engine (that prefill is timed once), then each timed run decodes
+--long-new-tokens tokens after it, the cache rolled back to the prompt between runs. Each decode rate comes with
+its memory traffic per token (the weights plus the KV cache rows read, at the engine's cache dtype) over the time
+per token, beside the machine's copy bandwidth (a numpy copy of a 256 MB array, split over the threads). The ISA
+path each engine takes is printed (luminal's `_core.cpu_isa()`, llama.cpp's system info).
+
   * luminal runs in a subprocess of its own (llm_cpu_worker.py, small, so that compiling the harness's own code is
-    not counted either), so its resident memory is its own: the peak
+    not counted either; prompts in steps of at most 512 tokens, as llama.cpp's n_batch), so its resident memory is
+    its own: the peak
     RSS during prefill + decode is read from VmHWM (reset through /proc/self/clear_refs before each run).
   * hf: `LlamaForCausalLM` float32 built from the same GGUF (weights dequantised by `gguf_state_dict`), prefill = one
     forward over the prompt, decode = an eager loop of single-token forwards with a DynamicCache.
-  * llama.cpp (llama-cpp-python), when importable, with flash attention on and off. Not installed? Then
+  * llama.cpp (llama-cpp-python), when importable, with flash attention on and off, its context (n_ctx) sized for
+    the longest prompt plus every new token (so --new-tokens 1024 works). Not installed? Then
         CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36     (builds from source, ~9 min on 2 cores)
   * unless --skip-matmul: GFLOP/s of a float32 1024x1024 @ 1024x1024 matmul in luminal, numpy and torch.
 
@@ -30,6 +39,10 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--threads", type=int, default=2, help="threads for every engine (default 2)")
     p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens to generate (default 128)")
+    p.add_argument("--long-context", type=int, default=4096,
+                   help="tokens of the long-context row's prompt (default 4096; 0: no long-context row)")
+    p.add_argument("--long-new-tokens", type=int, default=64,
+                   help="greedy tokens decoded after the long prompt (default 64)")
     p.add_argument("--runs", type=int, default=3, help="timed runs per engine, alternating (default 3)")
     p.add_argument("--warmup-tokens", type=int, default=8,
                    help="one untimed warm-up run per engine with this many new tokens first (0: none; default 8)")
@@ -95,10 +108,10 @@ class LuminalEngine:
             raise RuntimeError(r.get("error", "?"))
         return r
 
-    def run(self, ids, new_tokens):
-        r = self._ask(cmd="run", ids=[int(i) for i in ids], new_tokens=new_tokens)
+    def run(self, ids, new_tokens, resume=False):
+        r = self._ask(cmd="run", ids=[int(i) for i in ids], new_tokens=new_tokens, resume=resume)
         s = r["stats"]
-        self.peaks.append(r)
+        self.peaks.append(dict(r, prompt_tokens=len(ids)))
         return {"tokens": r["tokens"], "prefill_tokens": s["prefill_tokens"], "prefill_s": s["prefill_s"],
                 "decode_tokens": s["decode_tokens"], "decode_s": s["decode_s"]}
 
@@ -145,6 +158,8 @@ class HFEngine:
         self.model = model
         self.load_s = time.perf_counter() - t0
         self.attn = getattr(model.config, "_attn_implementation", "?")
+        self.prefilled = None
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied: counted once
         self.keep = {"logits_to_keep": 1}
         with torch.inference_mode():  # is logits_to_keep known? (luminal computes the last row's logits only too)
             try:
@@ -160,16 +175,26 @@ class HFEngine:
         except TypeError:
             return DynamicCache()
 
-    def run(self, ids, new_tokens):
+    def run(self, ids, new_tokens, resume=False):
         torch = self.torch
         with torch.inference_mode():
-            cache = self._cache()
-            x = torch.tensor([list(ids)], dtype=torch.long)
-            t0 = time.perf_counter()
-            out = self.model(input_ids=x, past_key_values=cache, use_cache=True, **self.keep)
-            logits = out.logits[0, -1]
-            prefill_s = time.perf_counter() - t0
-            cache = out.past_key_values
+            if resume:  # decode again after the prompt the last run prefilled
+                if self.prefilled is None or self.prefilled[0] != list(ids):
+                    raise ValueError("resume: the last run prefilled another prompt")
+                _, cache, logits = self.prefilled
+                extra = cache.get_seq_length() - len(ids)
+                if extra > 0:
+                    cache.crop(-extra)  # a negative count drops that many positions (transformers 4 and 5)
+                prefill_s = 0.0
+            else:
+                cache = self._cache()
+                x = torch.tensor([list(ids)], dtype=torch.long)
+                t0 = time.perf_counter()
+                out = self.model(input_ids=x, past_key_values=cache, use_cache=True, **self.keep)
+                logits = out.logits[0, -1]
+                prefill_s = time.perf_counter() - t0
+                cache = out.past_key_values
+                self.prefilled = (list(ids), cache, logits)
             toks, decode_s = [], 0.0
             for _ in range(new_tokens):
                 tok = int(torch.argmax(logits))
@@ -179,22 +204,23 @@ class HFEngine:
                 logits = out.logits[0, -1]
                 decode_s += time.perf_counter() - t
                 cache = out.past_key_values
-        return {"tokens": toks, "prefill_tokens": len(ids), "prefill_s": prefill_s, "decode_tokens": new_tokens,
-                "decode_s": decode_s}
+        return {"tokens": toks, "prefill_tokens": 0 if resume else len(ids), "prefill_s": prefill_s,
+                "decode_tokens": new_tokens, "decode_s": decode_s}
 
     def close(self):
-        pass
+        self.prefilled = None
 
 
 # ---- llama.cpp (llama-cpp-python) -------------------------------------------------------------------------------------
 class LlamaCppEngine:
-    def __init__(self, path, threads, flash_attn: bool):
+    def __init__(self, path, threads, flash_attn: bool, n_ctx: int):
         import llama_cpp
 
         self.lc = llama_cpp
         self.name = f"llama.cpp FA {'on' if flash_attn else 'off'}"
         t0 = time.perf_counter()
-        kw = dict(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False,
+        # n_ctx: room for the longest prompt plus every new token (past it llama_decode fails with status 1).
+        kw = dict(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx, verbose=False,
                   flash_attn=flash_attn)
         try:
             self.llm = llama_cpp.Llama(**kw)
@@ -205,6 +231,7 @@ class LlamaCppEngine:
             self.llm = llama_cpp.Llama(**kw)
         self.load_s = time.perf_counter() - t0
         self.n_vocab = int(self.llm.n_vocab())
+        self.prefilled = None
 
     def _last_logits(self) -> np.ndarray:
         """Logits of the last evaluated token. Recent bindings no longer copy them into `scores` unless
@@ -228,14 +255,21 @@ class LlamaCppEngine:
             errors.append(repr(e))
         raise RuntimeError("cannot read llama.cpp logits: " + "; ".join(errors))
 
-    def run(self, ids, new_tokens):
+    def run(self, ids, new_tokens, resume=False):
         llm = self.llm
-        llm.reset()  # n_tokens = 0; the next eval drops the KV cache beyond it
         ids = [int(i) for i in ids]
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        logits = self._last_logits()
-        prefill_s = time.perf_counter() - t0
+        if resume:  # decode again after the prompt the last run prefilled
+            if self.prefilled is None or self.prefilled[0] != ids:
+                raise ValueError("resume: the last run prefilled another prompt")
+            llm.n_tokens = len(ids)  # the next eval drops the KV cache beyond it
+            logits, prefill_s = self.prefilled[1], 0.0
+        else:
+            llm.reset()  # n_tokens = 0; the next eval drops the KV cache beyond it
+            t0 = time.perf_counter()
+            llm.eval(ids)
+            logits = self._last_logits()
+            prefill_s = time.perf_counter() - t0
+            self.prefilled = (ids, logits)
         toks, decode_s = [], 0.0
         for _ in range(new_tokens):
             tok = int(np.argmax(logits))
@@ -244,8 +278,8 @@ class LlamaCppEngine:
             llm.eval([tok])
             logits = self._last_logits()
             decode_s += time.perf_counter() - t
-        return {"tokens": toks, "prefill_tokens": len(ids), "prefill_s": prefill_s, "decode_tokens": new_tokens,
-                "decode_s": decode_s}
+        return {"tokens": toks, "prefill_tokens": 0 if resume else len(ids), "prefill_s": prefill_s,
+                "decode_tokens": new_tokens, "decode_s": decode_s}
 
     def close(self):
         try:
@@ -385,9 +419,82 @@ def first_divergence(a, b):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+FILLER = ("Plants, algae and some bacteria capture the energy of sunlight and store it in sugars. In the leaves, "
+          "chlorophyll absorbs red and blue light; water taken up by the roots is split, releasing oxygen, and carbon "
+          "dioxide from the air is fixed into three-carbon molecules that the cell builds into glucose and starch. ")
+
+
+def long_prompt(tok, question: str, n: int) -> list:
+    """A chat prompt of exactly `n` tokens: the question after as much filler text as fits."""
+    pre, post = tok.apply_chat_template([{"role": "user", "content": "\x00"}]).split("\x00")
+    head, tail = tok.encode(pre), tok.encode("\n\n" + question + post)
+    room = n - len(head) - len(tail)
+    if room <= 0:
+        return []
+    filler = []
+    while len(filler) < room:
+        filler += tok.encode(FILLER * 8)
+    return head + filler[:room] + tail
+
+
+def luminal_isa(simd) -> str:
+    isa = getattr(lm._core, "cpu_isa", None)
+    if isa is not None:
+        return str(isa())
+    return "avx2" if "avx2" in simd and "fma" in simd else "portable (no AVX2)"
+
+
+def llamacpp_isa() -> str:
+    try:
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info()
+        return (info.decode() if isinstance(info, bytes) else str(info)).strip()
+    except Exception as e:  # noqa: BLE001
+        return f"? ({e!r})"
+
+
+def copy_bandwidth(threads: int, nbytes: int = 256 << 20, reps: int = 5) -> float:
+    """GB/s (bytes read + written) of a numpy copy of an `nbytes` array split over `threads` threads (numpy lets
+    go of the GIL while copying); the best of `reps`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = np.ones(nbytes // 8)
+    dst = np.zeros_like(src)
+    parts = np.array_split(np.arange(src.size), threads)
+    spans = [(int(p[0]), int(p[-1]) + 1) for p in parts if p.size]
+
+    def part(span):
+        np.copyto(dst[span[0]:span[1]], src[span[0]:span[1]])
+
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(part, spans))  # the pages first touched
+        for _ in range(reps):
+            t = time.perf_counter()
+            list(pool.map(part, spans))
+            best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best / 1e9
+
+
+def long_cache_bytes(cfg, scenario) -> float:
+    _, sids, n_new, _ = scenario
+    return 4 * 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * (len(sids) + n_new)
+
+
+def decode_bytes(engine, cfg, gguf, position: float) -> float:
+    """Bytes a decode step reads at cache `position`: every weight once (the tied embedding as the head; its
+    gathered row is noise) plus the KV rows, float32 in luminal and hf, float16 in llama.cpp (its default)."""
+    kv_row = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim  # K and V values per position
+    if engine.name.startswith("hf"):
+        return engine.weight_bytes + 4 * kv_row * position
+    weights = sum(t.nbytes or 0 for t in gguf.tensors.values())
+    return weights + (2 if engine.name.startswith("llama.cpp") else 4) * kv_row * position
+
+
 def main(args):
-    if args.threads < 1 or args.runs < 1 or args.new_tokens < 1:
-        sys.exit("--threads, --runs and --new-tokens must be >= 1")
+    if args.threads < 1 or args.runs < 1 or args.new_tokens < 1 or args.long_new_tokens < 1 or args.long_context < 0:
+        sys.exit("--threads, --runs, --new-tokens and --long-new-tokens must be >= 1, --long-context >= 0")
     from luminal.gguf import GGUFFile
     from luminal.hub import bundled_model_path
     from luminal.nn import LlamaConfig
@@ -414,6 +521,12 @@ def main(args):
     print(f"model {path} ({size / MB:.1f} MB), {cfg.n_layers} layers, hidden {cfg.hidden}, vocab {cfg.vocab_size}")
     print(f"prompt {len(ids)} tokens, {args.new_tokens} new greedy tokens (no early stop), {args.runs} timed runs "
           f"per engine alternating, after one warm-up run of {args.warmup_tokens} tokens each")
+    long_ids = long_prompt(tok, args.prompt, args.long_context - args.long_new_tokens) if args.long_context > 0 else []
+    if long_ids:
+        print(f"long context: a prompt of {len(long_ids)} tokens (filler text, then the question), prefilled once per "
+              f"engine, then {args.long_new_tokens} new tokens per timed run")
+    n_ctx = max(len(ids) + max(args.new_tokens, args.warmup_tokens), len(long_ids) + args.long_new_tokens) + 16
+    print(f"ISA path: luminal {luminal_isa(simd)}")
     sys.stdout.flush()
 
     # ---- engines
@@ -456,10 +569,11 @@ def main(args):
             skipped.append(("llama.cpp", f"import failed: {ex!r}"))
             print(f"llama.cpp: SKIPPED, importing llama_cpp failed: {ex!r}")
         if have:
+            print(f"ISA path: llama.cpp {llamacpp_isa()}")
             for fa in (True, False):
                 try:
-                    e = LlamaCppEngine(path, args.threads, fa)
-                    print(f"{e.name}: loaded in {e.load_s:.2f} s")
+                    e = LlamaCppEngine(path, args.threads, fa, n_ctx)
+                    print(f"{e.name}: loaded in {e.load_s:.2f} s, n_ctx {n_ctx}")
                     engines.append(e)
                 except Exception:  # noqa: BLE001
                     name = f"llama.cpp FA {'on' if fa else 'off'}"
@@ -468,8 +582,7 @@ def main(args):
                     traceback.print_exc(file=sys.stdout)
     sys.stdout.flush()
 
-    # ---- warm-up, then timed runs alternating between the engines
-    results = {e.name: [] for e in engines}
+    # ---- warm-up, then timed runs alternating between the engines, per scenario
     broken = {}
     if args.warmup_tokens > 0:
         for e in engines:
@@ -480,51 +593,86 @@ def main(args):
             except Exception as ex:  # noqa: BLE001
                 broken[e.name] = f"warm-up failed: {ex}"
                 print(f"warm-up {e.name}: FAILED\n{ex}")
-    print("\n== runs ==")
-    for r in range(args.runs):
-        for e in engines:
-            if e.name in broken:
-                continue
-            try:
-                res = e.run(ids, args.new_tokens)
-            except Exception as ex:  # noqa: BLE001
-                broken[e.name] = f"run failed: {ex}"
-                print(f"run {r + 1} {e.name}: FAILED\n{ex}")
-                continue
-            res["prefill_tps"] = res["prefill_tokens"] / res["prefill_s"]
-            res["decode_tps"] = res["decode_tokens"] / res["decode_s"] if res["decode_s"] > 0 else None
-            results[e.name].append(res)
-            print(f"run {r + 1}  {e.name:16s} prefill {res['prefill_tokens']:3d} tok {res['prefill_s'] * 1e3:8.1f} ms "
-                  f"= {res['prefill_tps']:8.1f} tok/s | decode {res['decode_tokens']:3d} tok {res['decode_s']:7.2f} s "
-                  f"= {fmt(res['decode_tps'], '7.2f')} tok/s   (load {os.getloadavg()[0]:.2f})", flush=True)
+    scenarios = [(f"{len(ids)}+{args.new_tokens}", ids, args.new_tokens, False)]
+    if long_ids:
+        scenarios.append((f"{len(long_ids)}+{args.long_new_tokens}", long_ids, args.long_new_tokens, True))
+    per = {}  # (scenario, engine) -> the timed runs
+    for label, sids, n_new, resume in scenarios:
+        print(f"\n== runs: context {label} (prompt + new tokens) ==")
+        if resume:  # one prefill per engine (timed once), then the timed runs decode after it
+            for e in engines:
+                if e.name in broken:
+                    continue
+                try:
+                    res = e.run(sids, n_new)
+                    per[(label, e.name, "prefill")] = res
+                    print(f"prefill {e.name:16s} {res['prefill_tokens']} tok {res['prefill_s']:.2f} s = "
+                          f"{res['prefill_tokens'] / res['prefill_s']:.1f} tok/s (once)", flush=True)
+                except Exception as ex:  # noqa: BLE001
+                    broken[e.name] = f"long prefill failed: {ex}"
+                    print(f"prefill {e.name}: FAILED\n{ex}")
+        for r in range(args.runs):
+            for e in engines:
+                if e.name in broken:
+                    continue
+                try:
+                    res = e.run(sids, n_new, resume=resume)
+                except Exception as ex:  # noqa: BLE001
+                    broken[e.name] = f"run failed: {ex}"
+                    print(f"run {r + 1} {e.name}: FAILED\n{ex}")
+                    continue
+                if resume:
+                    res["prefill_tokens"], res["prefill_s"] = per[(label, e.name, "prefill")]["prefill_tokens"], \
+                        per[(label, e.name, "prefill")]["prefill_s"]
+                res["prefill_tps"] = res["prefill_tokens"] / res["prefill_s"]
+                res["decode_tps"] = res["decode_tokens"] / res["decode_s"] if res["decode_s"] > 0 else None
+                per.setdefault((label, e.name), []).append(res)
+                print(f"run {r + 1}  {e.name:16s} prefill {res['prefill_tokens']:4d} tok "
+                      f"{res['prefill_s'] * 1e3:8.1f} ms = {res['prefill_tps']:8.1f} tok/s{' (once)' if resume else ''} | decode "
+                      f"{res['decode_tokens']:3d} tok {res['decode_s']:7.2f} s = {fmt(res['decode_tps'], '7.2f')} tok/s"
+                      f"   (load {os.getloadavg()[0]:.2f})", flush=True)
+    results = {e.name: per.get((scenarios[0][0], e.name), []) for e in engines}
 
     # ---- summary
-    med = {}
-    for name, rs in results.items():
-        if rs:
-            med[name] = (statistics.median(x["prefill_tps"] for x in rs),
-                         statistics.median(x["decode_tps"] for x in rs if x["decode_tps"]))
-    lum = med.get("luminal")
-    print(f"\n== results: medians over {args.runs} runs, {args.threads} threads, prompt {len(ids)} tokens, "
-          f"{args.new_tokens} new tokens ==")
-    rows = []
-    for e in engines:
-        if e.name not in med:
-            rows.append((e.name, "-", "-", "-", "-", "-", broken.get(e.name, "no runs")))
-            continue
-        p, d = med[e.name]
-        rp = f"{lum[0] / p:.2f}x" if lum and e.name != "luminal" else "-"
-        rd = f"{lum[1] / d:.2f}x" if lum and e.name != "luminal" else "-"
-        rows.append((e.name, f"{p:.1f}", f"{d:.2f}", f"{1e3 / d:.1f}", rp, rd, broken.get(e.name, "")))
+    print("\n== machine copy bandwidth ==")
+    copy_gbs = copy_bandwidth(args.threads)
+    print(f"numpy copy of a 256 MB array over {args.threads} threads: {copy_gbs:.1f} GB/s (read + write); "
+          f"what a decode step can read at most is about this (reads only)")
+    print(f"\n== results: medians over {args.runs} runs, {args.threads} threads; context = prompt + new tokens; "
+          f"traffic = (weights + KV cache rows read) per token / time per token ==")
+    rows, med = [], {}
+    for label, sids, n_new, resume in scenarios:
+        for e in engines:
+            rs = per.get((label, e.name), [])
+            if rs:
+                med[(label, e.name)] = (statistics.median(x["prefill_tps"] for x in rs),
+                                        statistics.median(x["decode_tps"] for x in rs if x["decode_tps"]))
+        lum = med.get((label, "luminal"))
+        for e in engines:
+            if (label, e.name) not in med:
+                rows.append((label, e.name, "-", "-", "-", "-", "-", "-", broken.get(e.name, "no runs")))
+                continue
+            p, d = med[(label, e.name)]
+            rp = f"{lum[0] / p:.2f}x" if lum and e.name != "luminal" else "-"
+            rd = f"{lum[1] / d:.2f}x" if lum and e.name != "luminal" else "-"
+            traffic = decode_bytes(e, cfg, gguf, len(sids) + n_new / 2) * d / 1e9  # at the middle position
+            rows.append((label, e.name, f"{p:.1f}", f"{d:.2f}", f"{1e3 / d:.1f}", rp, rd,
+                         f"{traffic:.1f} GB/s ({traffic / copy_gbs:.0%})", broken.get(e.name, "")))
     for name, why in skipped:
-        rows.append((name, "-", "-", "-", "-", "-", f"skipped: {why}"))
-    print(table(["engine", "prefill tok/s", "decode tok/s", "decode ms/tok", "luminal/peer prefill",
-                 "luminal/peer decode", "note"], rows, ["<", ">", ">", ">", ">", ">", "<"]))
+        rows.append(("", name, "-", "-", "-", "-", "-", "-", f"skipped: {why}"))
+    print(table(["context", "engine", "prefill tok/s", "decode tok/s", "decode ms/tok", "luminal/peer prefill",
+                 "luminal/peer decode", "traffic (of copy bw)", "note"], rows,
+                ["<", "<", ">", ">", ">", ">", ">", ">", "<"]))
+    if len(scenarios) > 1:
+        short, long_ = scenarios[0][0], scenarios[1][0]
+        print(f"decode at context {long_} / at {short}: " + ", ".join(
+            f"{e.name} {med[(long_, e.name)][1] / med[(short, e.name)][1]:.2f}x" for e in engines
+            if (short, e.name) in med and (long_, e.name) in med) + "  (goal for luminal: >= 0.8x)")
     best = {n: (max(x["prefill_tps"] for x in rs), max(x["decode_tps"] for x in rs if x["decode_tps"]))
             for n, rs in results.items() if rs}
     if args.runs > 1 and best:
         lb = best.get("luminal")
-        print("best run of each engine (less sensitive to the load of a shared machine):")
+        print(f"best run of each engine at context {scenarios[0][0]} (less sensitive to the load of a shared machine):")
         print(table(["engine", "prefill tok/s", "decode tok/s", "luminal/peer prefill", "luminal/peer decode"],
                     [(n, f"{p:.1f}", f"{d:.2f}", f"{lb[0] / p:.2f}x" if lb and n != "luminal" else "-",
                       f"{lb[1] / d:.2f}x" if lb and n != "luminal" else "-") for n, (p, d) in best.items()]))
@@ -535,7 +683,9 @@ def main(args):
     lumeng = next((e for e in engines if e.name == "luminal"), None)
     if lumeng is not None and lumeng.peaks:
         i = lumeng.info
-        timed = lumeng.peaks[-len(results.get("luminal", [])):] if results.get("luminal") else lumeng.peaks
+        timed = lumeng.peaks[1:] if args.warmup_tokens > 0 and len(lumeng.peaks) > 1 else lumeng.peaks
+        long_runs = [p for p in timed if long_ids and p["prompt_tokens"] == len(long_ids)]
+        timed = [p for p in timed if p["prompt_tokens"] == len(ids)] or timed
         peak = max(p["after"].get("VmHWM", 0) for p in timed)
         last = timed[-1]["after"]
         base = i["base"].get("VmRSS", 0)
@@ -547,6 +697,11 @@ def main(args):
             ("peak while loading (VmHWM)", f"{i['loaded'].get('VmHWM', 0) / MB:.1f}", ""),
             ("peak during prefill + decode (VmHWM, max over timed runs)", f"{peak / MB:.1f}",
              "" if all(p["hwm_reset"] for p in timed) else "VmHWM could not be reset: lifetime peak"),
+        ] + ([
+            (f"peak at context {scenarios[1][0]} (VmHWM, its prefill included)",
+             f"{max(p['after'].get('VmHWM', 0) for p in long_runs) / MB:.1f}",
+             f"KV cache rows in use {long_cache_bytes(cfg, scenarios[1]) / MB:.1f} MB (float32)"),
+        ] if long_runs else []) + [
             ("RSS after the last run", f"{last.get('VmRSS', 0) / MB:.1f}",
              f"anon {last.get('RssAnon', 0) / MB:.1f}, file {last.get('RssFile', 0) / MB:.1f}"),
             ("GGUF file", f"{size / MB:.1f}", ""),

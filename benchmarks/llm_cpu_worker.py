@@ -66,7 +66,9 @@ def luminal_worker(threads: int) -> None:
         del sd
         lm._core.set_num_threads(threads)
         t1 = time.perf_counter()
-        sess = Session(m)
+        # Prompts go in steps of at most 512 tokens, as llama.cpp's n_batch: a long prompt's intermediates stay
+        # bounded, and each step's causal attention spans only the keys before it.
+        sess = Session(m, max_step_tokens=512)
         loaded = proc_status()
         reply(ok=True, pid=os.getpid(), load_s=t1 - t0, compile_s=sess.compile_seconds, nodes=len(sess.graph),
               base=base, loaded=loaded, threads=lm._core.num_threads() if hasattr(lm._core, "num_threads") else None)
@@ -74,6 +76,7 @@ def luminal_worker(threads: int) -> None:
         reply(ok=False, error=traceback.format_exc())
         return
 
+    prefilled = None  # (the prompt of the last full run, its first new token)
     for line in sys.stdin:
         try:
             cmd = json.loads(line)
@@ -81,12 +84,28 @@ def luminal_worker(threads: int) -> None:
                 reply(ok=True)
                 return
             if cmd["cmd"] == "run":
-                sess.reset()
                 can_reset = reset_peak_rss()
                 before = proc_status()
-                toks = list(sess.generate(cmd["ids"], max_new_tokens=cmd["new_tokens"], temperature=0.0))
+                ids, n = cmd["ids"], cmd["new_tokens"]
+                if cmd.get("resume"):
+                    # Decode again after the prompt the last run prefilled: the cache keeps its rows, the new ones
+                    # are written over.
+                    if prefilled is None or prefilled[0] != ids:
+                        raise ValueError("resume: the last run prefilled another prompt")
+                    sess.length = len(ids)
+                    tok, toks, t0 = prefilled[1], [], time.perf_counter()
+                    for _ in range(n):
+                        toks.append(tok)
+                        tok = sess.next_token([tok])
+                    stats = {"prefill_tokens": 0, "prefill_s": 0.0, "decode_tokens": n,
+                             "decode_s": time.perf_counter() - t0}
+                else:
+                    sess.reset()
+                    toks = list(sess.generate(ids, max_new_tokens=n, temperature=0.0))
+                    stats = sess.stats
+                    prefilled = (ids, toks[0]) if toks else None
                 after = proc_status()
-                reply(ok=True, tokens=toks, stats=sess.stats, before=before, after=after, hwm_reset=can_reset)
+                reply(ok=True, tokens=toks, stats=stats, before=before, after=after, hwm_reset=can_reset)
         except Exception:
             reply(ok=False, error=traceback.format_exc())
 

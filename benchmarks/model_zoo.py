@@ -230,6 +230,64 @@ def qwen_luminal(peer, inputs, device):
     return step
 
 
+# ---- SmolLM2-135M's architecture (random weights): one greedy decode step at a 128-token context ---------------------
+class _Decode:
+    """The torch peer's decode step: one token per sequence against a static KV cache (gpt-fast's shape: fixed
+    sizes, so torch.compile captures the step once), at cache position SEQ; each call rewrites that slot. The
+    cache takes its batch size from the first call."""
+
+    def __init__(self, model):
+        from transformers import StaticCache
+
+        self.model = model
+        self.cache = StaticCache(config=model.config, max_cache_len=SEQ + 64)
+
+    def __call__(self, ids, pos):
+        return self.model(input_ids=ids, cache=self.cache, cache_position=pos, use_cache=True).logits
+
+    def eval(self):
+        return self
+
+
+def smollm2_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                       rope_theta=100000.0, tie_word_embeddings=True)
+
+
+def smollm2_decode_torch(batch, device):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = _peer(LlamaForCausalLM(smollm2_config()), device)
+    ids = torch.randint(0, 49152, (batch, 1), generator=torch.Generator().manual_seed(0))
+    return _Decode(model), (ids.to(device), torch.tensor([SEQ], device=device))
+
+
+def smollm2_decode_luminal(peer, inputs, device):
+    from luminal.nn import Llama, LlamaConfig, Session
+
+    ids = _numpy(inputs[0])
+    if ids.shape[0] != 1:
+        raise ValueError("luminal's Llama session runs one sequence at a time (batched decode is not built yet)")
+    model = Llama(LlamaConfig.from_hf(peer.model.config.to_dict()))
+    state = _state(peer.model)
+    state.pop("lm_head.weight", None)  # tied: transformers lists the head too
+    model.load_state_dict(state)
+    sess = Session(model, _compilers(device), capacity=SEQ + 64)
+    prompt = np.random.default_rng(0).integers(0, 49152, SEQ).astype(np.int32)
+
+    sess.step(prompt)
+
+    def step():  # one token at position SEQ, as the peer: the session is rewound to the prompt after each
+        sess.step(ids[0])
+        sess.length = SEQ
+
+    return step
+
+
 MODELS = {
     "minilm": Entry(minilm_torch, minilm_luminal),
     "resnet50": Entry(resnet_torch, resnet_luminal),
@@ -237,4 +295,5 @@ MODELS = {
     "whisper-enc": Entry(whisper_enc_torch, whisper_enc_luminal),
     "qwen3": Entry(qwen3_torch, qwen_luminal),
     "qwen3-moe": Entry(qwen3_moe_torch, qwen_luminal),
+    "smollm2-decode": Entry(smollm2_decode_torch, smollm2_decode_luminal),
 }

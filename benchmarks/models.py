@@ -45,7 +45,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-MODEL_NAMES = ["minilm", "resnet50", "vit", "whisper-enc", "qwen3", "qwen3-moe"]
+MODEL_NAMES = ["minilm", "resnet50", "vit", "whisper-enc", "qwen3", "qwen3-moe", "smollm2-decode"]
 
 
 # ---- the worker: one (model, batch, engine) in this process ----------------------------------------------------------

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import os
 import time
 
 import numpy as np
@@ -45,15 +46,17 @@ class Session:
     """A compiled step graph with its KV cache. `compilers` default to GenericCompiler + CPUCompiler.
 
     The caches are token-major arrays (capacity, Hkv, d) donated to the graph, so each step writes its new rows in
-    place; the capacity doubles (one copy) when a step would overflow it. Untouched rows of the zeroed arrays are
-    never written, so they cost address space, not memory.
+    place. On the host they are views of one anonymous memory map whose pages stay unbacked until written, so the
+    default reserves `max_context` rows up front: rows cost memory only once a step writes them, and the cache never
+    moves as the sequence grows. Past that (or past an explicit `capacity`, and always on a GPU, where the arrays
+    are device memory: 256 rows by default) the capacity doubles with one copy.
 
     `max_step_tokens`: longer inputs (prompts) run as several steps of at most this many tokens (the same graph),
     which bounds the memory a step's intermediates take; by default the model's `step_tokens` (a bound only when
     routed experts gather s * k experts' weights per step), 0 for no bound."""
 
-    def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int = 256,
-                 max_step_tokens: int | None = None):
+    def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int | None = None,
+                 max_step_tokens: int | None = None, max_context: int = 32768):
         c, g = model.config, model.graph
         if max_step_tokens is None:
             max_step_tokens = getattr(model, "step_tokens", None)
@@ -78,8 +81,21 @@ class Session:
         self._cache_inputs = [x for pair in self.cache_in for x in pair]
         self._cache_outputs = [x for pair in self.cache_out for x in pair]
         self._caches: list[np.ndarray] = []
+        if capacity is None:
+            capacity = 256 if g.queues_runs else self._host_reservation(max_context)
         self._capacity = max(1, capacity)
         self.reset()
+
+    def _host_reservation(self, rows: int) -> int:
+        """`rows` cache rows, or fewer where their address space would exceed half the physical memory (an
+        anonymous shared map is charged in full against the commit limit when created, though unbacked)."""
+        c = self.model.config
+        row_bytes = 4 * len(self._cache_inputs) * c.n_kv_heads * c.head_dim
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            ram = 1 << 32
+        return max(256, min(rows, ram // 2 // row_bytes))
 
     def reset(self):
         """Starts a new sequence (the cache arrays are kept)."""
@@ -87,14 +103,22 @@ class Session:
         if not self._caches:
             self._give_caches(self._capacity)
 
-    def _give_caches(self, capacity: int):
-        """(Re)allocates the cache arrays with `capacity` rows, keeping the first `length`, and donates them."""
+    def _give_caches(self, capacity: int, need: int = 0):
+        """(Re)allocates the cache arrays with `capacity` rows (at least `need` where memory is short), keeping the
+        first `length`, and donates them."""
         c = self.model.config
         ins = self._cache_inputs
         # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
         # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
-        shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
-        self._map = mmap.mmap(-1, 4 * math.prod(shape))
+        while True:
+            shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
+            try:
+                self._map = mmap.mmap(-1, 4 * math.prod(shape))
+                break
+            except OSError:  # a strict commit limit: reserve less (the capacity doubles later if needed)
+                if capacity // 2 < max(need, 256):
+                    raise
+                capacity //= 2
         self._resident = 0  # rows made resident ahead of use (see _reserve)
         block = np.frombuffer(self._map, np.float32).reshape(shape)
         self.graph.set_dim("c", capacity)
@@ -156,7 +180,7 @@ class Session:
     def _feed_step(self, ids, wait: bool = True):
         n = ids.shape[0]
         if self.length + n > self._capacity:
-            self._give_caches(max(2 * self._capacity, self.length + n))
+            self._give_caches(max(2 * self._capacity, self.length + n), self.length + n)
         self._reserve(self.length + n)
         self.graph.set_dim("p", self.length)
         self.tokens.set(ids)
