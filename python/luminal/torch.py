@@ -6,3 +6,16 @@ from .torch_backend import ATEN, COUNTERS, Explanation, Fallback, LuminalGraph, 
 
 __all__ = ["ATEN", "COUNTERS", "Explanation", "Fallback", "LuminalGraph", "UnsupportedOpError", "backend",
            "explain"]
+
+
+def _register():
+    """Where luminal is imported without being installed (no entry point), importing this module registers it."""
+    from torch._dynamo.backends.registry import lookup_backend, register_backend
+
+    try:
+        lookup_backend("luminal")
+    except Exception:
+        register_backend(compiler_fn=backend, name="luminal")
+
+
+_register()

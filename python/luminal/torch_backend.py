@@ -14,6 +14,7 @@ The public names live in `luminal.torch` (backend, explain, UnsupportedOpError).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import operator
 import warnings
@@ -1359,6 +1360,10 @@ class _Held:
         return self.fn(*args)
 
 
+# torch.compile's isolate_recompiles (newer torch); without it explain's fresh backend still compiles anew.
+_ISOLATE = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+
+
 def explain(model, *inputs, options: dict | None = None, **kwargs) -> Explanation:
     """Compiles and runs `model(*inputs, **kwargs)` (without grad) through the luminal backend and reports every
     aten node left to torch, and why; `result` is what the call returned.
@@ -1375,7 +1380,7 @@ def explain(model, *inputs, options: dict | None = None, **kwargs) -> Explanatio
     model = getattr(model, "_orig_mod", None) or getattr(model, "_torchdynamo_orig_callable", None) or model
     try:
         with torch.no_grad():
-            report.result = torch.compile(model, backend=be, isolate_recompiles=True)(*inputs, **kwargs)
+            report.result = torch.compile(model, backend=be, **_ISOLATE)(*inputs, **kwargs)
     finally:
         for h in report._held:
             h.fn = None
