@@ -18,7 +18,7 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile]
+        [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile] [--flash]
 """
 from __future__ import annotations
 
@@ -467,7 +467,9 @@ def main():
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     p.add_argument("--pdl-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PDL=0")
+    p.add_argument("--flash", action="store_true", help="compile with CudaCompiler(flash_attention=True)")
     args = p.parse_args()
+    lm.CudaCompiler.flash_attention_default = args.flash
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()
     if not ok:

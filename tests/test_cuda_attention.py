@@ -17,6 +17,12 @@ import luminal.nn.functional as F
 from helpers import FLOATS, check, compare, needs_cuda
 
 
+@pytest.fixture(autouse=True)
+def _flash(monkeypatch):
+    """These tests are about the fused kernels, which CudaCompiler builds only when asked (flash_attention)."""
+    monkeypatch.setattr(lm.CudaCompiler, "flash_attention_default", True)
+
+
 def _sdpa(mask_kind=None, gqa=False):
     def lm_fn(*t):
         return F.scaled_dot_product_attention(*t[:3], attn_mask=t[3] if len(t) > 3 else None,

@@ -89,17 +89,25 @@ class CudaCompiler:
 
     An op with no CUDA kernel raises `luminal.UnsupportedOpError` here, at compile time. `host_fallback=True` runs a
     user's CustomOp on the host instead (its inputs copied to the host and its result back, CUDA graphs off);
-    `host_nodes` then lists those nodes."""
+    `host_nodes` then lists those nodes.
 
-    def __init__(self, dtype="float32", device="auto", host_fallback=False):
+    `flash_attention=True` fuses attention (scores, softmax, weighted values) into one flash-attention kernel (split
+    over key ranges for long caches). It is off by default: it makes prefill faster but single-token decode at short
+    caches slower than the three kernels it replaces (each block walks its keys serially), and one compiled graph
+    serves both."""
+
+    flash_attention_default = False
+
+    def __init__(self, dtype="float32", device="auto", host_fallback=False, flash_attention=None):
         self.dtype = dt.dtype(dtype)
         if not self.dtype.is_float:
             raise ValueError(f"CudaCompiler: dtype must be float32, float16 or bfloat16, got {self.dtype.name}")
         self.device, self.host_fallback = device, host_fallback
-        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp);
-        # attention (scores, softmax, weighted values) into one flash-attention kernel.
+        # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
+        flash = self.flash_attention_default if flash_attention is None else flash_attention
         self.passes = [MatMulLowering(), QuantizedLowering(), MaximumLowering(),
-                       ElementwiseFusion(row_reductions=True), AttentionFusion(), DeadNodeRemoval()]
+                       ElementwiseFusion(row_reductions=True)] + ([AttentionFusion()] if flash else []) + \
+            [DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):
