@@ -5,9 +5,8 @@ them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch
 events) per shape.
 
     PYTHONPATH=python python3 benchmarks/attention_gpu.py [--prefill 512,2048] [--decode 128,4096,8192] [--reps 20]
-        [--gemm 2048x4096x4096,...]
 
-Also the bf16 GEMM sweep (a Linear layer: float32 activations, bf16 weights) against torch.matmul (cuBLAS).
+The GEMM sweep is benchmarks/gemm_gpu.py.
 """
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ import torch.nn.functional as TF
 
 import luminal as lm
 import luminal.nn.functional as F
-from luminal.compiler import AttentionFusion
 
 H, HKV, D = 32, 8, 128
 
@@ -29,10 +27,7 @@ def luminal_attention(L, S, fused=True, dtype="bfloat16", causal=False):
     cx = lm.Graph()
     q, k, v = cx.tensor((1, H, L, D)), cx.tensor((1, HKV, S, D)), cx.tensor((1, HKV, S, D))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).output()
-    comp = lm.CudaCompiler(dtype)
-    if not fused:
-        comp.passes = [p for p in comp.passes if not isinstance(p, AttentionFusion)]
-    cx.compile(lm.GenericCompiler(), comp)
+    cx.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype, flash_attention=fused))
     g = torch.Generator().manual_seed(L * 7 + S)
     arrs = [torch.randn(s, generator=g).numpy() for s in [(1, H, L, D), (1, HKV, S, D), (1, HKV, S, D)]]
     for t, a in zip((q, k, v), arrs):
@@ -86,39 +81,15 @@ def row(L, S, reps, causal):
     return fused
 
 
-def gemm_row(m, k, n, reps):
-    """Linear layer x (m, k) float32 @ w (n, k)^T with w kept in bf16 (the tensor-core kernel), against torch.matmul on
-    bf16 operands (cuBLAS)."""
-    g = torch.Generator().manual_seed(m + k + n)
-    x, w = torch.randn(m, k, generator=g).numpy(), (torch.randn(n, k, generator=g) / k ** 0.5).numpy()
-    cx = lm.Graph()
-    a, b = cx.tensor((m, k)).set(x), cx.tensor((n, k)).set(w)
-    o = (a @ b.transpose(0, 1)).output()
-    cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
-    t = time_luminal(cx, o, reps)
-    got = torch.from_numpy(o.numpy()).cuda()
-    tx, tw = torch.from_numpy(x).cuda().bfloat16(), torch.from_numpy(w).cuda().bfloat16()
-    want = (tx @ tw.T).float()
-    err = float((got - want).norm() / want.norm())
-    tt = time_torch(lambda: tx @ tw.T, reps)
-    fl = 2 * m * k * n / 1e9
-    print(f"GEMM {m}x{k}x{n}  luminal {t:7.3f} ms ({fl / t:5.0f} TFLOP/s)  torch bf16 {tt:7.3f} ms ({fl / tt:5.0f})  "
-          f"ratio {tt / t:.2f}x  rel.err {err:.1e}", flush=True)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prefill", default="512,2048")
     p.add_argument("--decode", default="128,4096,8192")
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--gemm", default="2048x4096x4096,2048x4096x14336,2048x14336x4096",
-                   help="M x K x N linear layers (Llama-3-8B's prefill shapes)")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), flush=True)
     for n in [int(x) for x in a.prefill.split(",") if x]:
         row(n, n, a.reps, causal=True)
-    for shape in [x for x in a.gemm.split(",") if x]:
-        gemm_row(*map(int, shape.split("x")), a.reps)
     dec = {}
     for n in [int(x) for x in a.decode.split(",") if x]:
         dec[n] = row(1, n, a.reps, causal=False)

@@ -11,12 +11,11 @@ luminal's whole run (--reps runs queued, best of 3, the host's launch work inclu
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import luminal as lm
+from attention_gpu import time_luminal, time_torch  # the same timing for both kernel benchmarks
 
 
 def kernel_ms(fn, reps):
@@ -47,42 +46,16 @@ def luminal_gemm(m, k, n, x, w, f32_act):
     return cx, o
 
 
-def wall_ms(cx, o, reps):
-    cx.execute()
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(reps):
-            cx.execute(wait=False)
-        o.numpy()
-        best = min(best, (time.perf_counter() - t) / reps)
-    return best * 1e3
-
-
-def torch_ms(fn, reps):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return statistics.median(ts)
-
-
 def row(m, k, n, reps):
     g = torch.Generator().manual_seed(m + k + n)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / k ** 0.5
     tx, tw = x.cuda().bfloat16(), w.cuda().bfloat16()
-    tt = torch_ms(lambda: tx @ tw.T, reps)
+    tt = time_torch(lambda: tx @ tw.T, reps)
     tk = kernel_ms(lambda: tx @ tw.T, reps) or tt
     fl = 2 * m * k * n / 1e9
     for f32_act in (False, True):
         cx, o = luminal_gemm(m, k, n, x.numpy(), w.numpy(), f32_act)
-        wall = wall_ms(cx, o, reps)
+        wall = time_luminal(cx, o, reps)
         got = torch.from_numpy(o.numpy()).cuda()
         want = ((tx.float() * 2).bfloat16() if f32_act else tx).float() @ tw.float().T
         err = float((got - want).norm() / want.norm())

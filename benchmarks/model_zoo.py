@@ -209,8 +209,8 @@ def qwen3_moe_torch(batch, device):
                                       num_experts=32, num_experts_per_tok=4, vocab_size=32000), batch, device)
 
 
-def qwen_luminal(peer, inputs, device):
-    import luminal as lm
+def _llama_session(peer, inputs, device, capacity):
+    """The peer's weights in luminal's Llama, in a Session; and the token ids of the one sequence it runs."""
     from luminal.nn import Llama, LlamaConfig, Session
 
     ids = _numpy(inputs[0])
@@ -221,7 +221,11 @@ def qwen_luminal(peer, inputs, device):
     if model.config.tie_word_embeddings:  # transformers lists the tied head too
         state.pop("lm_head.weight", None)
     model.load_state_dict(state)
-    sess = Session(model, _compilers(device), capacity=SEQ)
+    return Session(model, _compilers(device), capacity=capacity), ids
+
+
+def qwen_luminal(peer, inputs, device):
+    sess, ids = _llama_session(peer, inputs, device, SEQ)
 
     def step():
         sess.reset()
@@ -267,16 +271,7 @@ def smollm2_decode_torch(batch, device):
 
 
 def smollm2_decode_luminal(peer, inputs, device):
-    from luminal.nn import Llama, LlamaConfig, Session
-
-    ids = _numpy(inputs[0])
-    if ids.shape[0] != 1:
-        raise ValueError("luminal's Llama session runs one sequence at a time (batched decode is not built yet)")
-    model = Llama(LlamaConfig.from_hf(peer.model.config.to_dict()))
-    state = _state(peer.model)
-    state.pop("lm_head.weight", None)  # tied: transformers lists the head too
-    model.load_state_dict(state)
-    sess = Session(model, _compilers(device), capacity=SEQ + 64)
+    sess, ids = _llama_session(peer, inputs, device, SEQ + 64)
     prompt = np.random.default_rng(0).integers(0, 49152, SEQ).astype(np.int32)
 
     sess.step(prompt)
