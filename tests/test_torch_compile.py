@@ -314,8 +314,10 @@ def test_backward_runs_in_torch():
         torch.testing.assert_close(g, p.grad, atol=1e-5, rtol=1e-4)
 
 
-def test_input_dtype_checked_when_called_directly():
-    """A LuminalGraph called with another dtype than it was compiled for raises, rather than reading garbage."""
+def _direct_graph():
+    """The LuminalGraph of `x * 2` for a float32 CPU x of 3 elements, to call directly (not through dynamo)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
     gm = torch.fx.symbolic_trace(lambda x: (x * 2,))
     seen = {}
 
@@ -323,12 +325,15 @@ def test_input_dtype_checked_when_called_directly():
         seen["graph"] = torch_backend.LuminalGraph(g)
         return seen["graph"]
 
-    from torch._functorch.aot_autograd import aot_module_simplified
-
     with torch.no_grad():
         aot_module_simplified(gm, [torch.randn(3)], fw_compiler=grab)(torch.randn(3))
+    return seen["graph"]
+
+
+def test_input_dtype_checked_when_called_directly():
+    """A LuminalGraph called with another dtype than it was compiled for raises, rather than reading garbage."""
     with pytest.raises(TypeError, match="float32"):
-        seen["graph"](torch.randn(3, dtype=torch.float16))
+        _direct_graph()(torch.randn(3, dtype=torch.float16))
 
 
 # ---- explain keeps the caller's compiled functions ---------------------------------------------------------------
@@ -404,19 +409,8 @@ def test_device_change_recompiles():
 
 
 def test_input_device_checked_when_called_directly():
-    gm = torch.fx.symbolic_trace(lambda x: (x * 2,))
-    seen = {}
-
-    def grab(g, example_inputs):
-        seen["graph"] = torch_backend.LuminalGraph(g)
-        return seen["graph"]
-
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    with torch.no_grad():
-        aot_module_simplified(gm, [torch.randn(3)], fw_compiler=grab)(torch.randn(3))
     with pytest.raises(TypeError, match="on cpu, called with torch.float32 on meta"):
-        seen["graph"](torch.empty(3, device="meta"))
+        _direct_graph()(torch.empty(3, device="meta"))
 
 
 # ---- CUDA -------------------------------------------------------------------------------------------------------
