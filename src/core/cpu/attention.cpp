@@ -106,32 +106,6 @@ bool match_softmax(const Program& p, int scores, const std::vector<KernelArg>& p
   return true;
 }
 
-// Elements [t0, t0 + n) of row `row` of an input, padding as zero (what the Fused kernel's loads read).
-void load_keys(const KernelArg& a, int64_t row, int64_t t0, int64_t n, float* out) {
-  const ConcreteView& v = a.view;
-  size_t r = v.shape.size();
-  int64_t base = v.offset, rest = row;
-  bool valid = true;
-  for (int d = int(r) - 2; d >= 0; --d) {
-    int64_t i = rest % v.shape[d];
-    rest /= v.shape[d];
-    base += i * v.strides[d];
-    if (v.masked && (i < v.lo[d] || i >= v.hi[d])) valid = false;
-  }
-  int64_t lo = t0, hi = t0 + n, s = r ? v.strides[r - 1] : 0;
-  if (v.masked && r) lo = std::max(lo, v.lo[r - 1]), hi = std::min(hi, v.hi[r - 1]);
-  if (!valid || lo >= hi) return std::fill(out, out + n, 0.0f);
-  std::fill(out, out + (lo - t0), 0.0f);
-  std::fill(out + (hi - t0), out + n, 0.0f);
-  int64_t first = base + lo * s, last = base + (hi - 1) * s;
-  if (std::min(first, last) < 0 || std::max(first, last) >= a.buf->numel())
-    throw std::out_of_range("Attention: a view reads outside its buffer");
-  const float* f = static_cast<const float*>(a.buf->data.get()) + first;
-  float* o = out + (lo - t0);
-  if (s == 1) std::copy(f, f + (hi - lo), o);
-  else for (int64_t j = 0; j < hi - lo; ++j) o[j] = f[j * s];
-}
-
 // X over keys [t0, t0 + n) of `row`, the scores given: a pointer to n values (into `regs` or `scores`).
 const float* eval_x(const Program& p, const SoftmaxForm& f, int given, const std::vector<KernelArg>& pargs,
                     int64_t row, int64_t t0, int64_t n, const float* scores, std::vector<float>& regs,
@@ -146,7 +120,7 @@ const float* eval_x(const Program& p, const SoftmaxForm& f, int given, const std
       if (in.input == given) {
         ptr[i] = scores;
       } else {
-        load_keys(pargs[in.input], row, t0, n, dst);
+        load_row(pargs[in.input], row, t0, t0 + n, dst, "Attention");
         ptr[i] = dst;
       }
     } else if (in.kind == Instr::Imm) {

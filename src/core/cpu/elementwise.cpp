@@ -32,39 +32,6 @@ void round_to_dtype(T* x, int64_t n, DType d) {
   }
 }
 
-// Loads elements [j0, j1) of row `row` of an input (padding reads as zero).
-template <class T>
-void load_row(const KernelArg& a, int64_t row, int64_t j0, int64_t j1, T* out) {
-  const ConcreteView& v = a.view;
-  size_t r = v.shape.size();
-  int64_t n = j1 - j0;
-  int64_t base = v.offset, rest = row;
-  bool valid = true;
-  for (int d = int(r) - 2; d >= 0; --d) {
-    int64_t i = rest % v.shape[d];
-    rest /= v.shape[d];
-    base += i * v.strides[d];
-    if (v.masked && (i < v.lo[d] || i >= v.hi[d])) valid = false;
-  }
-  int64_t lo = j0, hi = j1, s = r ? v.strides[r - 1] : 0;
-  if (v.masked && r) { lo = std::max(j0, v.lo[r - 1]); hi = std::min(j1, v.hi[r - 1]); }
-  if (!valid || lo >= hi) { std::fill(out, out + n, T(0)); return; }
-  std::fill(out, out + (lo - j0), T(0));
-  std::fill(out + (hi - j0), out + n, T(0));
-  int64_t first = base + lo * s, last = base + (hi - 1) * s;
-  if (std::min(first, last) < 0 || std::max(first, last) >= a.buf->numel())
-    throw std::out_of_range("Fused: a view reads outside its buffer");
-  const void* p = a.buf->data.get();
-  T* o = out + (lo - j0);
-  if (a.buf->dtype == DType::F32) {
-    const float* f = static_cast<const float*>(p) + first;
-    if (s == 1) for (int64_t j = 0; j < hi - lo; ++j) o[j] = f[j];
-    else for (int64_t j = 0; j < hi - lo; ++j) o[j] = f[j * s];
-  } else {
-    for (int64_t j = 0; j < hi - lo; ++j) o[j] = T(load_as_double(p, first + j * s, a.buf->dtype));
-  }
-}
-
 // Loads whole rows [row0, row0 + m) of length L. An unpadded float32 view (the common case: a convolution's output
 // and its per-channel batch-norm parameters) steps through its outer indices like an odometer instead of dividing
 // per row, and copies one run when the rows are consecutive in memory; plan.cpp checked its bounds once.
@@ -73,7 +40,7 @@ void load_rows(const KernelArg& a, int64_t row0, int64_t m, int64_t L, T* out) {
   const ConcreteView& v = a.view;
   size_t r = v.shape.size();
   if (v.masked || r == 0 || a.buf->dtype != DType::F32 || m <= 1) {
-    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L);
+    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L, "Fused");
     return;
   }
   const float* f = static_cast<const float*>(a.buf->data.get());
@@ -88,7 +55,7 @@ void load_rows(const KernelArg& a, int64_t row0, int64_t m, int64_t L, T* out) {
   }
   int idx[8];
   if (r - 1 > 8) {
-    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L);
+    for (int64_t i = 0; i < m; ++i) load_row(a, row0 + i, 0, L, out + i * L, "Fused");
     return;
   }
   int64_t base = v.offset, rest = row0;
@@ -306,7 +273,7 @@ void run_program(const Program& prog, const std::vector<KernelArg>& args, const 
             const Instr& in = prog.code[i];
             T* dst = regs.data() + i * kChunk;
             if (in.kind == Instr::Load) {
-              load_row(args[in.input], row, j0, j1, dst);
+              load_row(args[in.input], row, j0, j1, dst, "Fused");
             } else if (in.kind == Instr::Imm) {
               continue;
             } else if (in.kind == Instr::Reduce) {
@@ -377,7 +344,7 @@ void eval_program_row(const Program& prog, const std::vector<KernelArg>& args, i
     float* dst = regs.data() + i * L;
     if (in.kind == Instr::Load) {
       if (in.input == given) std::copy(given_row, given_row + L, dst);
-      else load_row(args[in.input], row, 0, L, dst);
+      else load_row(args[in.input], row, 0, L, dst, "Fused");
     } else if (in.kind == Instr::Imm) {
       std::fill(dst, dst + L, float(in.imm));
     } else if (in.kind == Instr::Reduce) {
