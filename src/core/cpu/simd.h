@@ -273,6 +273,21 @@ __attribute__((target("avx2,fma"))) inline void axpy_f32_avx2(float alpha, const
   for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// Totals eight rows' 8-lane accumulators (over their first kv values) by one add tree, adds their tails [kv, k)
+// and stores them to out[0..8): the end of both dot_rows kernels, so that they give the same bits.
+__attribute__((target("avx2,fma"))) inline void finish_rows8(const __m256* acc, const float* x, const float* rows,
+                                                             int64_t stride, int64_t kv, int64_t k, float* out) {
+  __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  alignas(32) float o[8];
+  _mm256_store_ps(o, t);
+  for (int r = 0; r < 8; ++r) {
+    for (int64_t j = kv; j < k; ++j) o[r] += x[j] * rows[r * stride + j];
+    out[r] = o[r];
+  }
+}
+
 // out[i] = x . rows[i * stride ..] for n rows of k values: eight rows at a time, their eight accumulators totalled by
 // one add tree (instead of a horizontal sum per row: attention scores, a short row against many keys).
 __attribute__((target("avx2,fma"))) inline void dot_rows_f32_avx2(const float* x, const float* rows, int64_t stride,
@@ -285,15 +300,7 @@ __attribute__((target("avx2,fma"))) inline void dot_rows_f32_avx2(const float* x
       __m256 xv = _mm256_loadu_ps(x + j);
       for (int r = 0; r < 8; ++r) acc[r] = _mm256_fmadd_ps(xv, _mm256_loadu_ps(rows + (i + r) * stride + j), acc[r]);
     }
-    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-    __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-    alignas(32) float o[8];
-    _mm256_store_ps(o, t);
-    for (int r = 0; r < 8; ++r) {
-      for (int64_t j = kv; j < k; ++j) o[r] += x[j] * rows[(i + r) * stride + j];
-      out[i + r] = o[r];
-    }
+    finish_rows8(acc, x, rows + i * stride, stride, kv, k, out + i);
   }
   for (; i < n; ++i) out[i] = dot_f32_avx2(x, rows + i * stride, k);
 }
@@ -434,15 +441,7 @@ LM_AVX512 inline void dot_rows_f32_avx512(const float* x, const float* rows, int
     }
     __m256 h[8];
     for (int p = 0; p < 4; ++p) h[2 * p] = _mm512_castps512_ps256(acc[p]), h[2 * p + 1] = _mm512_extractf32x8_ps(acc[p], 1);
-    __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
-    __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
-    __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
-    alignas(32) float o[8];
-    _mm256_store_ps(o, t);
-    for (int r = 0; r < 8; ++r) {
-      for (int64_t j = kv; j < k; ++j) o[r] += x[j] * rows[(i + r) * stride + j];
-      out[i + r] = o[r];
-    }
+    finish_rows8(h, x, rows + i * stride, stride, kv, k, out + i);
   }
   for (; i < n; ++i) out[i] = dot_f32_avx512(x, rows + i * stride, k);
 }
