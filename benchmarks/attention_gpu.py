@@ -2,15 +2,19 @@
 the unfused path (scores, softmax, weighted values as three kernels) and torch's scaled_dot_product_attention, on
 Llama-3-8B's attention shape (32 query heads, 8 KV heads, head dim 128), inputs in float32 as a luminal graph computes
 them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch: the median of --reps, timed with
-events) per shape.
+events) per shape. Decode rows also time the SIMT flash kernel in place of the decode kernel
+(LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
+(LUMINAL_CUDA_ATTENTION_CHUNK).
 
     PYTHONPATH=python python3 benchmarks/attention_gpu.py [--prefill 512,2048] [--decode 128,4096,8192] [--reps 20]
+        [--chunks 128,256,512,1024]
 
 The GEMM sweep is benchmarks/gemm_gpu.py.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -62,7 +66,22 @@ def time_torch(fn, reps):
     return statistics.median(ts)
 
 
-def row(L, S, reps, causal):
+def time_with(env, L, S, reps, causal):
+    """time_luminal of a fresh graph with environment variables `env` set while it is planned and run."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        cx, o, _ = luminal_attention(L, S, causal=causal)
+        return time_luminal(cx, o, reps)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+
+
+def row(L, S, reps, causal, chunks=()):
     cx, o, arrs = luminal_attention(L, S, causal=causal)
     fused = time_luminal(cx, o, reps)
     got = o.numpy()
@@ -75,9 +94,14 @@ def row(L, S, reps, causal):
     bq, bk, bv = tq.bfloat16(), tk.bfloat16(), tv.bfloat16()
     t16 = time_torch(lambda: TF.scaled_dot_product_attention(bq, bk, bv, is_causal=causal, enable_gqa=True), reps)
     flops = 4 * H * L * S * D / (2 if causal else 1)
+    simt = f"  simt flash {time_with({'LUMINAL_CUDA_FLASH_DECODE': '0'}, L, S, reps, causal):8.3f} ms" if L == 1 else ""
     print(f"L={L:5d} S={S:5d} causal={int(causal)}  luminal {fused:8.3f} ms ({flops / fused / 1e9:6.1f} TFLOP/s)  "
-          f"unfused {unfused:8.3f} ms  torch f32 {t32:8.3f} ms  torch bf16 {t16:8.3f} ms  rel.err {err:.1e}",
+          f"unfused {unfused:8.3f} ms{simt}  torch f32 {t32:8.3f} ms  torch bf16 {t16:8.3f} ms  rel.err {err:.1e}",
           flush=True)
+    if L == 1 and chunks:
+        print("    decode kernel, keys per range: " + "  ".join(
+            f"{c}: {time_with({'LUMINAL_CUDA_ATTENTION_CHUNK': str(c)}, L, S, reps, causal):.4f} ms" for c in chunks),
+            flush=True)
     return fused
 
 
@@ -86,13 +110,15 @@ def main():
     p.add_argument("--prefill", default="512,2048")
     p.add_argument("--decode", default="128,4096,8192")
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--chunks", default="", help="decode rows: also time these key-range lengths")
     a = p.parse_args()
+    chunks = [int(x) for x in a.chunks.split(",") if x]
     print(torch.cuda.get_device_name(), flush=True)
     for n in [int(x) for x in a.prefill.split(",") if x]:
         row(n, n, a.reps, causal=True)
     dec = {}
     for n in [int(x) for x in a.decode.split(",") if x]:
-        dec[n] = row(1, n, a.reps, causal=False)
+        dec[n] = row(1, n, a.reps, causal=False, chunks=chunks)
     if len(dec) > 1:
         short = min(dec)
         for n, t in dec.items():

@@ -18,11 +18,18 @@ Decode rates are medians over --reps timed runs per engine, engines alternating 
 eager, ~10x slower, runs once.
 
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
-        [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile] [--flash]
+        [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile] [--no-flash]
+        [--batches 1,8,32] [--only batch] [--contexts 128,4096,8192] [--prefills 512,2048,8192]
+--batches adds batched decode rows (run_batches: Session(batch=B) against a batched compiled loop, tok/s summed
+over the batch); --only batch skips the other rows. --models 8b-q8: the 8B shape with Q8_0 projections and head
+(run_q8: quantised on the GPU, luminal alone; GB/s on the Q8_0 bytes). --contexts / --prefills add long-cache
+decode and prefill rows (run_contexts; --only context).
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import inspect
 import os
 import statistics
 import time
@@ -174,13 +181,14 @@ class StaticDecoder(torch.nn.Module):
         return (x @ self.hf.lm_head.weight.t()).float()[0]
 
 
-def compiled_decode(dec, step, prompt, n, ahead=False):
+def compiled_decode(dec, step, prompt, n, ahead=False, start=0):
     """Greedy: the prompt one token at a time (fills the cache), then n tokens; returns (tokens, tok/s). `ahead`: each
     step's token stays on the GPU as the next step's input, and is read (through page-locked memory and an event)
-    once that next step is queued, as luminal's generate does; otherwise it is read before the next step."""
+    once that next step is queued, as luminal's generate does; otherwise it is read before the next step. `start`:
+    the prompt's first position (rows before it are whatever the cache holds)."""
     with torch.no_grad():
         pos = torch.zeros(1, dtype=torch.long, device="cuda")
-        for i, t in enumerate(prompt):
+        for i, t in enumerate(prompt, start):
             pos.fill_(i)
             logits = step(torch.tensor([t], device="cuda"), pos)
         tok = int(logits.argmax())
@@ -189,14 +197,14 @@ def compiled_decode(dec, step, prompt, n, ahead=False):
         t0 = time.perf_counter()
         if not ahead:
             for i in range(n - 1):
-                pos.fill_(len(prompt) + i)
+                pos.fill_(start + len(prompt) + i)
                 tok = int(step(torch.tensor([tok], device="cuda"), pos).argmax())
                 toks.append(tok)
             return toks, (n - 1) / (time.perf_counter() - t0)
         host = torch.empty(n, dtype=torch.long, pin_memory=True)
         cur, done = torch.tensor([tok], device="cuda"), None
         for i in range(n - 1):
-            pos.fill_(len(prompt) + i)
+            pos.fill_(start + len(prompt) + i)
             cur = step(cur, pos).argmax().view(1)
             host[i].copy_(cur[0], non_blocking=True)
             ev = torch.cuda.Event()
@@ -335,6 +343,288 @@ def run_model(key, args, bw):
     torch.cuda.empty_cache()
 
 
+class BatchDecoder(StaticDecoder):
+    """StaticDecoder for up to `max_batch` sequences at the same position: per layer a (max_batch, max_len, Hkv, d)
+    cache, of which a step uses the first B rows (B = the tokens given). One module for every batch size, compiled
+    with static shapes, once per size, like the batch-1 peer (a dynamic batch dim compiles once, but its steps were
+    much slower: a weaker peer)."""
+
+    def __init__(self, hf, c: LlamaConfig, max_len: int, max_batch: int):
+        super().__init__(hf, c, max_len)
+        self.kc = torch.zeros(c.n_layers, max_batch, max_len, c.n_kv_heads, c.head_dim, device="cuda",
+                              dtype=torch.bfloat16)
+        self.vc = torch.zeros_like(self.kc)
+
+    def forward(self, tok, pos):  # tok: (B,), pos: (1,) int64 on the GPU; returns (B, vocab) float32 logits
+        c, m = self.c, self.hf.model
+        H, Hkv, d, b = c.n_heads, c.n_kv_heads, c.head_dim, tok.shape[0]
+        x = m.embed_tokens.weight[tok]  # (B, hidden)
+        cos, sin = self.cos[pos], self.sin[pos]  # (1, d)
+        valid = (self.ar <= pos)[None, None, None, :]
+        for i, layer in enumerate(m.layers):
+            a = layer.self_attn
+            h = self.norm(x, layer.input_layernorm.weight)
+            q = self.rope((h @ a.q_proj.weight.t()).view(b, H, d), cos, sin)
+            k = self.rope((h @ a.k_proj.weight.t()).view(b, Hkv, d), cos, sin)
+            v = (h @ a.v_proj.weight.t()).view(b, Hkv, d)
+            kc, vc = self.kc[i, :b], self.vc[i, :b]
+            kc.index_copy_(1, pos, k[:, None])
+            vc.index_copy_(1, pos, v[:, None])
+            keys, vals = kc.permute(0, 2, 1, 3), vc.permute(0, 2, 1, 3)  # (B, Hkv, max_len, d)
+            qg = q.view(b, Hkv, H // Hkv, d)
+            sc = (qg @ keys.transpose(2, 3)).float() * (1.0 / d ** 0.5)  # (B, Hkv, rep, max_len)
+            sc = sc.masked_fill(~valid, float("-inf")).softmax(-1).to(torch.bfloat16)
+            x = x + (sc @ vals).reshape(b, H * d) @ a.o_proj.weight.t()
+            h = self.norm(x, layer.post_attention_layernorm.weight)
+            mlp = layer.mlp
+            g = torch.nn.functional.silu(h @ mlp.gate_proj.weight.t()) * (h @ mlp.up_proj.weight.t())
+            x = x + g @ mlp.down_proj.weight.t()
+        x = self.norm(x, m.norm.weight)
+        return (x @ self.hf.lm_head.weight.t()).float()
+
+
+def batch_compiled_decode(step, prompts: np.ndarray, n: int):
+    """Greedy over a batch, as compiled_decode's `ahead` form: the prompts a position at a time, then n steps, each
+    step's tokens read (page-locked memory, an event) once the next step is queued. Returns (tokens per sequence,
+    total tok/s over the batch)."""
+    b, p = prompts.shape
+    with torch.no_grad():
+        ids = torch.tensor(prompts.T.copy(), device="cuda")  # position-major: each step's tokens contiguous
+        pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        for i in range(p):
+            pos.fill_(i)
+            cur = step(ids[i], pos).argmax(-1)
+        torch.cuda.synchronize()
+        host = torch.empty(n, b, dtype=torch.long, pin_memory=True)
+        host[0].copy_(cur)
+        t0, events = time.perf_counter(), []
+        for i in range(1, n):
+            pos.fill_(p + i - 1)
+            cur = step(cur, pos).argmax(-1)
+            host[i].copy_(cur, non_blocking=True)
+            events.append(torch.cuda.Event())
+            events[-1].record()
+            if len(events) > 1:
+                events[-2].synchronize()  # the step before this one (its tokens are in `host`)
+        events[-1].synchronize()
+        rate = b * (n - 1) / (time.perf_counter() - t0)
+    return host.numpy().T.tolist(), rate
+
+
+def run_batches(key, args, bw):
+    """Batched decode rows: for each batch size, `batch` prompts of 32 tokens, then --decode greedy tokens each,
+    luminal's Session(batch=B).generate_batch against BatchDecoder under torch.compile (mode="reduce-overhead");
+    tok/s summed over the batch, medians of --reps runs, engines alternating."""
+    c = SHAPES[key]
+    batches = [int(b) for b in args.batches.split(",")]
+    hf = hf_model(c, args.seed)
+    rng = np.random.default_rng(args.seed)
+    capacity = 32 + args.decode + 8
+    step = None
+    if not args.no_compile:
+        t = time.perf_counter()
+        dec = BatchDecoder(hf, c, capacity, max(batches))
+        step = torch.compile(dec, mode="reduce-overhead", fullgraph=True, dynamic=False)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * len(batches))
+        print(f"-- {key} batched peer: BatchDecoder built in {time.perf_counter() - t:.1f} s (compiled on first use)")
+    wb = weight_bytes(c)
+    rows = []
+    for b in batches:
+        prompts = rng.integers(0, c.vocab_size, (b, 32))
+        model = Llama(c)
+        params = dict(model.named_parameters())
+        for name, p in hf.named_parameters():
+            if name in params:
+                params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
+        t = time.perf_counter()
+        s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=capacity, batch=b)
+        compile_s = time.perf_counter() - t
+        s.generate_batch(prompts, args.decode)  # warm-up: kernels, plans, graphs
+        if step is not None:
+            t = time.perf_counter()
+            batch_compiled_decode(step, prompts, 4)  # compiles (or records its CUDA graphs for this batch)
+            peer_s = time.perf_counter() - t
+        rates = {"luminal": [], "torch.compile": []}
+        toks = {}
+        for rep in range(args.reps):
+            engines = ["luminal", "torch.compile"] if step is not None else ["luminal"]
+            for name in engines[::-1] if rep % 2 else engines:
+                if name == "luminal":
+                    toks[name] = s.generate_batch(prompts, args.decode)
+                    rates[name].append(b * s.stats["decode_tokens"] / s.stats["decode_s"])
+                else:
+                    toks[name], r = batch_compiled_decode(step, prompts, args.decode)
+                    rates[name].append(r)
+        lum = statistics.median(rates["luminal"])
+        peer = statistics.median(rates["torch.compile"]) if rates["torch.compile"] else float("nan")
+        agree = ""
+        if "torch.compile" in toks:  # greedy tokens: the first position where the engines differ, per sequence
+            firsts = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), len(u))
+                      for u, v in zip(toks["luminal"], toks["torch.compile"])]
+            agree = f"; tokens equal up to {statistics.median(firsts):.0f} of {args.decode} (median over the batch)"
+        steps_per_s = lum / b
+        rows.append((b, lum, peer))
+        print(f"{key} batch {b:3d} decode: luminal {lum:8.1f} tok/s ({steps_per_s:.1f} steps/s, weights at "
+              f"{100 * wb * steps_per_s / bw:.1f}% of copy bw; compile {compile_s:.1f} s), torch.compile {peer:8.1f} "
+              f"tok/s" + ("" if step is None else f" (first use {peer_s:.1f} s)") + f": {lum / peer:.2f}x{agree}",
+              flush=True)
+        del s, model, params
+        gc.collect()  # (this batch's copy of the weights)
+        torch.cuda.empty_cache()
+    print(f"\n== {key} batched decode (tok/s summed over the batch, {args.decode} tokens after 32-token prompts)")
+    print(f"{'batch':>6}{'luminal':>10}{'torch.compile':>15}{'ratio':>8}")
+    for b, lum, peer in rows:
+        print(f"{b:6d}{lum:10.1f}{peer:15.1f}{lum / peer:8.2f}")
+    del hf
+    torch.cuda.empty_cache()
+
+
+# ---- Q8_0 (GGUF blocks of 32 int8 quants and an f16 scale: 34 bytes per 32 weights) ---------------------------------
+Q8_MODELS = {"8b-q8": "8b"}  # model key -> the shape quantised
+
+
+def q8_blocks(w):
+    """A (rows, K) torch weight quantised to Q8_0 where it lives (the GPU): (raw uint8 (rows, K / 32 * 34), its
+    dequantisation in w's dtype). Scale absmax / 127 as f16, quants rounded against the f16 scale."""
+    rows, k = w.shape
+    b = w.float().view(rows, k // 32, 32)
+    d = (b.abs().amax(-1) / 127).half()
+    q = torch.where(d[..., None] > 0, b / d.float()[..., None], torch.zeros_like(b)).round().clamp(-127, 127)
+    raw = torch.cat([d.view(torch.uint8).view(rows, k // 32, 2), q.to(torch.int8).view(torch.uint8)], -1)
+    return raw.reshape(rows, -1).contiguous(), (d.float()[..., None] * q).view(rows, k).to(w.dtype)
+
+
+def q8_bytes(c: LlamaConfig) -> int:
+    """Bytes one decode step reads: the projections and the output head as Q8_0, the norms as bf16."""
+    per_layer = c.hidden * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim + c.n_heads * c.head_dim * c.hidden
+    per_layer += 3 * c.hidden * c.ffn
+    return (c.n_layers * per_layer + c.vocab_size * c.hidden) // 32 * 34 + 2 * (2 * c.n_layers + 1) * c.hidden
+
+
+def run_q8(key, args, bw):
+    """Llama with Q8_0 projections and output head (quantised on the GPU from the random bf16 model, whose weights
+    are then replaced by their dequantisation: the torch reference computes with exactly the weights luminal
+    unpacks, in bf16): logits check, decode tok/s and GB/s on the Q8_0 bytes, prefill."""
+    c = SHAPES[Q8_MODELS[key]]
+    rng = np.random.default_rng(args.seed)
+    hf = hf_model(c, args.seed)
+    prompt = rng.integers(0, c.vocab_size, 32).tolist()
+    model = Llama(c)
+    params = dict(model.named_parameters())
+    raws = []  # (kept alive: luminal reads them in place)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name not in params:
+                continue
+            if p.ndim == 2 and name != "model.embed_tokens.weight":
+                raw, deq = q8_blocks(p)
+                p.copy_(deq)
+                raws.append(raw)
+                t = model.graph.tensor(tuple(raw.shape), lm.uint8, name=name).set(lm.cuda.from_torch(raw, copy=False))
+                owner, attr = model._owner(name)  # the parameter becomes Dequant(raw), as a GGUF state dict does
+                setattr(owner, attr, model.graph._wrap(model.graph._g.dequant("Q8_0", t._edge(), list(p.shape))))
+            else:
+                params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
+    t = time.perf_counter()
+    s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=len(prompt) + args.decode + 8)
+    compile_s = time.perf_counter() - t
+    s.reset()
+    got = s.step(prompt)[-1:]
+    with torch.no_grad():
+        want = hf(torch.tensor([prompt], device="cuda")).logits[0, -1:].float().cpu().numpy()
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    top1 = float(np.mean(np.argmax(got, -1) == np.argmax(want, -1)))
+    luminal_decode(s, prompt, args.decode)  # warm-up
+    rates = [luminal_decode(s, prompt, args.decode)[1] for _ in range(args.reps)]
+    r = statistics.median(rates)
+    long = rng.integers(0, c.vocab_size, args.prefill).tolist()
+
+    def lum_prefill():
+        s.reset()
+        s.step(long)
+
+    lp = prefill_ms(lum_prefill, 2)
+    if args.profile:
+        os.environ["LUMINAL_PROFILE"] = "1"
+        print(f"-- profile of one {key} decode step (LUMINAL_PROFILE=1)", flush=True)
+        s.step([0])
+        del os.environ["LUMINAL_PROFILE"]
+    wb = q8_bytes(c)
+    print(f"\n== {key}: {wb / 1e9:.2f} GB of Q8_0 weights read per token; luminal compile {compile_s:.1f} s")
+    print(f"logits (last prompt position) vs torch bf16 over the dequantised weights: relative L2 error {rel:.3e}, "
+          f"top-1 agreement {top1:.0%}")
+    print(f"decode, median of {args.reps} runs of {args.decode} tokens ({', '.join(f'{x:.1f}' for x in rates)}): "
+          f"{r:.1f} tok/s, {wb * r / 1e9:.0f} GB/s, {100 * wb * r / bw:.1f}% of copy bandwidth")
+    print(f"prefill {args.prefill} ms: luminal {lp:.1f}")
+    if args.kernels:
+        print(f"kernels per decode step: {args.kernels(s)}")
+    del s, hf, raws
+    torch.cuda.empty_cache()
+
+
+def run_contexts(key, args, bw):
+    """Long-cache rows (--contexts, --prefills): decode at each cache length (a random prompt of that length, then
+    --decode greedy tokens; luminal's Session.generate, tok/s over the decoded tokens) against the compiled loop
+    (StaticDecoder, its cache covering the longest context: it attends over its whole static cache at every length,
+    as gpt-fast does, so it is started at the context's position without feeding the prompt), each with its ratio
+    to its own rate at the shortest context; then prefill of each --prefills length against torch eager (HF,
+    SDPA attention, last position's logits only, as luminal). Medians of --reps runs; flash attention as compiled
+    (--no-flash: off)."""
+    c = SHAPES[key]
+    rng = np.random.default_rng(args.seed)
+    ctxs = [int(x) for x in args.contexts.split(",") if x]
+    pres = [int(x) for x in args.prefills.split(",") if x]
+    hf = hf_model(c, args.seed)
+    s, compile_s = luminal_session(c, hf, "bfloat16", max(ctxs + pres + [0]) + args.decode + 8)
+    step = None
+    if ctxs and not args.no_compile and not args.luminal_only:
+        dec = StaticDecoder(hf, c, max(ctxs) + args.decode + 8)
+        step = torch.compile(dec, mode="reduce-overhead", fullgraph=True)
+
+    def peer_rate(start, n):  # the compiled loop from position `start`, each token read once the next is queued
+        return compiled_decode(dec, step, [1], n, ahead=True, start=start)[1]
+
+    flash = "on" if lm.CudaCompiler.flash_attention_default else "off"
+    print(f"\n== {key}: decode at cache lengths {ctxs} ({args.decode} tokens; flash attention {flash}; luminal compile "
+          f"{compile_s:.1f} s)", flush=True)
+    rows = {}
+    for n in ctxs:
+        prompt = rng.integers(0, c.vocab_size, n).tolist()
+        luminal_decode(s, prompt, args.decode)  # warm-up: the plans and graphs of these lengths
+        if step is not None:
+            peer_rate(n, 4)  # (compiles on first use; later lengths reuse its graphs)
+        lr, pr = [], []
+        for _ in range(args.reps):
+            lr.append(luminal_decode(s, prompt, args.decode)[1])
+            if step is not None:
+                pr.append(peer_rate(n, args.decode))
+        rows[n] = (statistics.median(lr), statistics.median(pr) if pr else float("nan"))
+    if rows:
+        l0, p0 = rows[min(rows)]
+        print(f"{'cache':>7}{'luminal tok/s':>15}{'x short':>9}{'compiled tok/s':>16}{'x short':>9}{'x compiled':>12}")
+        for n, (lr, pr) in rows.items():
+            print(f"{n:7d}{lr:15.1f}{lr / l0:9.2f}{pr:16.1f}{pr / p0:9.2f}{lr / pr:12.2f}", flush=True)
+    del step
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(hf.forward).parameters else {}
+    for n in pres:
+        long = rng.integers(0, c.vocab_size, n).tolist()
+
+        def lum_prefill():
+            s.reset()
+            s.step(long)
+
+        def torch_prefill():
+            with torch.no_grad():
+                hf(torch.tensor([long], device="cuda"), **last)
+
+        lp = prefill_ms(lum_prefill, args.reps)
+        tp = float("nan") if args.luminal_only else prefill_ms(torch_prefill, args.reps)
+        print(f"prefill {n:5d} tokens: luminal {lp:8.1f} ms, torch eager {tp:8.1f} ms: {tp / lp:.2f}x", flush=True)
+    del s, hf
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def trace_decode(s: Session, key: str, prompt, steps: int = 8):
     """Decode steps under torch.profiler (CUPTI sees the kernels of our CUDA graph): GPU time per kernel kind, the
     GPU busy time per step, and the wall time per step; the difference is host work and launch gaps."""
@@ -467,17 +757,27 @@ def main():
     p.add_argument("--one-graph", action="store_true", help="also time luminal replaying each run as one CUDA graph")
     p.add_argument("--graphs-off", action="store_true", help="also time luminal with LUMINAL_CUDA_GRAPHS=0")
     p.add_argument("--pdl-off", action="store_true", help="also time luminal with LUMINAL_CUDA_PDL=0")
-    p.add_argument("--flash", action="store_true", help="compile with CudaCompiler(flash_attention=True)")
+    p.add_argument("--no-flash", action="store_true", help="compile with CudaCompiler(flash_attention=False)")
+    p.add_argument("--contexts", default="", help="decode rows at these cache lengths, e.g. 128,4096,8192")
+    p.add_argument("--prefills", default="", help="prefill rows at these prompt lengths, e.g. 512,2048,8192")
+    p.add_argument("--batches", default="", help="batched decode rows for these batch sizes, e.g. 1,8,32")
+    p.add_argument("--only", default="", help="run only these row groups (comma-separated): batch")
     args = p.parse_args()
-    lm.CudaCompiler.flash_attention_default = args.flash
+    lm.CudaCompiler.flash_attention_default = not args.no_flash
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()
     if not ok:
         raise SystemExit(f"no GPU: {why}")
     bw = copy_bandwidth()
     print(f"device: {why}; device-to-device copy {bw / 1e9:.0f} GB/s (read + write)")
+    only = set(filter(None, args.only.split(",")))
     for key in args.models.split(","):
-        run_model(key, args, bw)
+        if not only:
+            (run_q8 if key in Q8_MODELS else run_model)(key, args, bw)
+        if args.batches and (not only or "batch" in only):
+            run_batches(key, args, bw)
+        if (args.contexts or args.prefills) and (not only or "context" in only):
+            run_contexts(key, args, bw)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,7 @@ class MatMulLowering(_CorePass):
 
 class ContractionLowering(_CorePass):
     """SumReduce(last axis) of a MatMul only it reads -> one Contraction over both axes, repeatedly: a convolution's
-    sum over channels and kernel window becomes one GEMM that reads its input's window view in place (CPU only)."""
+    sum over channels and kernel window becomes one GEMM that reads its input's window view in place."""
     fn = staticmethod(_core.lower_contractions)
 
 

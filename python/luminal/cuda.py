@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .compiler import (AttentionFusion, DeadNodeRemoval, ElementwiseFusion, MatMulLowering, MaximumLowering,
-                       QuantizedLowering, Sequence)
+from .compiler import (AttentionFusion, ContractionLowering, DeadNodeRemoval, ElementwiseFusion, MatMulLowering,
+                       MaximumLowering, QuantizedLowering, Sequence)
 
 CudaError = _core.CudaError
 DeviceArray = _core.DeviceArray
@@ -48,6 +48,26 @@ def _nvrtc_dirs() -> list[str]:
 
 
 _core.cuda_set_nvrtc_dirs(_nvrtc_dirs())
+
+
+def _cublas_dirs() -> list[str]:
+    """Library folders of the nvidia-cublas wheel(s) installed beside us (torch's dependency; CUDA 13 and 12 layouts)."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return [d for root in nvidia.__path__ for d in (os.path.join(root, s) for s in ("cu13/lib", "cublas/lib", "cu12/lib"))
+            if glob.glob(os.path.join(d, "libcublasLt.so*"))]
+
+
+_core.cuda_set_cublas_dirs(_cublas_dirs())
+
+
+def cublas_available() -> tuple[bool, str]:
+    """(True, the library and its version) when cuBLASLt opens here (then it is one of the matrix products' variants,
+    used where timing finds it faster: LUMINAL_CUDA_GEMM=cublas|own forces it or our kernels), else (False, why not)."""
+    reason = _core.cublas_unavailable_reason()
+    return (False, reason) if reason else (True, _core.cublas_path())
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -91,12 +111,11 @@ class CudaCompiler:
     user's CustomOp on the host instead (its inputs copied to the host and its result back, CUDA graphs off);
     `host_nodes` then lists those nodes.
 
-    `flash_attention=True` fuses attention (scores, softmax, weighted values) into one flash-attention kernel (split
-    over key ranges for long caches). It is off by default: it makes prefill faster but single-token decode at short
-    caches slower than the three kernels it replaces (each block walks its keys serially), and one compiled graph
-    serves both."""
+    `flash_attention` (on by default) fuses attention (scores, softmax, weighted values) into one flash-attention
+    kernel: tensor cores for prefill, a decode kernel for few query rows per KV head, split over key ranges for long
+    caches (flash-decoding). `flash_attention=False` keeps the three unfused kernels (scores, softmax, values)."""
 
-    flash_attention_default = False
+    flash_attention_default = True
 
     def __init__(self, dtype="float32", device="auto", host_fallback=False, flash_attention=None):
         self.dtype = dt.dtype(dtype)
@@ -105,7 +124,7 @@ class CudaCompiler:
         self.device, self.host_fallback = device, host_fallback
         # Row reductions: RMSNorm and softmax fuse into one kernel each (a block per row, see codegen.cpp).
         flash = self.flash_attention_default if flash_attention is None else flash_attention
-        self.passes = [MatMulLowering(), QuantizedLowering(), MaximumLowering(),
+        self.passes = [MatMulLowering(), QuantizedLowering(), ContractionLowering(), MaximumLowering(),
                        ElementwiseFusion(row_reductions=True)] + ([AttentionFusion()] if flash else []) + \
             [DeadNodeRemoval()]
         self.schedule = None

@@ -8,6 +8,8 @@
 
 #include "cuda/api.h"
 #include "cuda/codegen.h"
+#include "cuda/contraction.h"
+#include "cuda/cublaslt.h"
 #include "cuda/runtime.h"
 
 namespace py = pybind11;
@@ -46,6 +48,20 @@ void bind_cuda(py::module_& m) {
   py::register_exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
   m.def("cuda_set_nvrtc_dirs", &set_nvrtc_dirs, "Directories searched first for libnvrtc (the nvidia-cuda-nvrtc wheel).");
   m.def("cuda_unavailable_reason", &available_reason, "'' when a CUDA GPU can be used, else why not.");
+  m.def("cuda_contraction_layout", [](const std::vector<int64_t>& shape, const std::vector<int64_t>& a_strides,
+                                      const std::vector<int64_t>& b_strides, int axes, int bk, bool can_split, int sms) {
+    ConcreteView a, b;
+    a.shape = b.shape = shape;
+    a.strides = a_strides;
+    b.strides = b_strides;
+    std::vector<int64_t> slots(size_t(contraction_extra(int(shape.size()) - axes)));
+    unsigned grid[3] = {0, 0, 0};
+    bool ok = contraction_layout(a, b, axes, bk, can_split, sms, slots.data(), grid);
+    return py::make_tuple(ok, slots, py::make_tuple(grid[0], grid[1], grid[2]));
+  }, "What a Contraction's implicit-GEMM kernels read after their views, and their grid (cuda/contraction.h; tests).");
+  m.def("cuda_set_cublas_dirs", &set_cublas_dirs, "Directories searched first for libcublasLt (the nvidia-cublas wheels).");
+  m.def("cublas_unavailable_reason", &blas_unavailable_reason, "'' when cuBLASLt opened, else why not.");
+  m.def("cublas_path", &blas_path, "The cuBLASLt library opened and its version ('' if none).");
   m.def("cuda_device", [] {
     const Device& d = device();
     return py::dict(py::arg("name") = d.name, py::arg("compute_capability") = d.major * 10 + d.minor,

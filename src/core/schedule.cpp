@@ -88,7 +88,7 @@ Schedule Scheduler::run() {
   std::vector<long> at(g_.size(), -1);   // node -> its step
   for (int64_t id : order) {
     const Node& n = g_.node(id);
-    bool mm = op_as<MatMulOp>(n) != nullptr;
+    bool mm = op_as<MatMulOp>(n) != nullptr || op_as<ContractionOp>(n) != nullptr;  // (a convolution's weights)
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       if (mm || (n.op == Op::Gather && k == 0)) weight[n.inputs[k].node] = 1;
       if (needed[id]) reads[n.inputs[k].node]++;

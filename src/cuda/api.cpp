@@ -130,6 +130,7 @@ Driver load_driver() {
   bind(h, d.cuGraphLaunch, "cuGraphLaunch", L);
   bind(h, d.cuGraphExecDestroy, "cuGraphExecDestroy", L);
   bind(h, d.cuGraphDestroy, "cuGraphDestroy", L);
+  bind(h, d.cuEventElapsedTime, "cuEventElapsedTime", L);
   d.cuGraphAddDependencies = reinterpret_cast<decltype(d.cuGraphAddDependencies)>(dlsym(h, "cuGraphAddDependencies_v2"));
   return d;
 }

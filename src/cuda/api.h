@@ -88,6 +88,7 @@ struct Driver {
   CUresult (*cuGraphDestroy)(CUgraph);
   // CUDA 12.3+ (null before): edges with data, for programmatic dependent launch between kernel nodes.
   CUresult (*cuGraphAddDependencies)(CUgraph, const CUgraphNode*, const CUgraphNode*, const GraphEdgeData*, size_t);
+  CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);  // (timing the GEMM variants, runtime.cpp choose)
 };
 
 struct Nvrtc {

@@ -1,4 +1,5 @@
 #include "cuda/codegen.h"
+#include "cuda/contraction.h"
 
 #include "core/lower/ops.h"
 
@@ -417,6 +418,10 @@ class Generator {
   void gather_step(Step& st, const Node& n);
   void scatter_step(Step& st, const Node& n, const luminal::Step* producer, const Step* pk);
   void qmatmul_step(Step& st, const Node& n, int block_bytes);
+  void contraction_step(Step& st, const Node& n, int axes);
+  std::string q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr) const;
+  std::string q8_matvec(const Step& st, const Node& n, int S);
+  std::string q8_mma(const Step& st, const Node& n, int S);
   void matmul_fast_kernels(const Node& n, Step& st);
   std::string mma_kernel(const Node& n, const Step& st);
   Variant gemm_kernel(const Node& n, const Step& st, Variant::Kind kind);
@@ -720,6 +725,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     // (empty: an operand stored in a 16-bit type other than the compute dtype; the older kernel converts it)
     Variant big = gemm_kernel(n, st, Variant::Gemm128), small = gemm_kernel(n, st, Variant::Gemm64);
     if (!big.fn.empty()) fast = {big, small};
+    fast.push_back({Variant::Blas, ""});  // (after ours: with LUMINAL_CUDA_TUNE=0 the first that applies runs)
     fast.push_back({Variant::TensorCore, mma_kernel(n, st)});
     return finish(std::move(fast));
   }
@@ -980,10 +986,350 @@ std::string Generator::mma_kernel(const Node& n, const Step& st) {
   return add_kernel(t.str());
 }
 
-// out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers; one warp per output.
-// p[1]: outputs, p[2]: K, p[3]: N.
-// Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row n - start[j];
-// the m + 1 starts follow the views in the parameter slice.
+// Contraction: out[outer...] = sum over the last `axes` dims of a * b, through both operands' views (a convolution:
+// the input's overlapping window view times the weights, summed over channels and kernel window; no im2col buffer).
+// As an implicit GEMM: the runtime sorts the outer dims into rows (b does not move along them), columns (a does
+// not) and batches (both do) and writes their sizes after the views (contraction_layout in contraction.cpp); a block
+// computes 64 x 64 outputs of one batch, k in tiles through shared memory. A block's row and column offsets are
+// worked out once, each k tile's offsets once per tile (the flat k unravelled over the reduced dims), so a load is
+// two table reads and an add; the next tile's elements are loaded into registers while this tile's products run.
+// Each operand is staged along whichever of its rows or k is contiguous (a convolution's input along its output
+// rows, its weights along k) so that a warp's loads coalesce. With a 16-bit compute dtype on tensor cores (mma.sync
+// m16n8k16, operands rounded to it, float32 accumulators), else float32 FMAs. A float32 output may have k split over
+// blocks (blockIdx.z: batch and split) adding their partial sums atomically into the output, which the step's
+// combine kernel zeroes first. Masked views and integer dtypes take a warp per output.
+void Generator::contraction_step(Step& st, const Node& n, int axes) {
+  st.views = {slot(n, 0), slot(n, 1)};
+  layout(st);
+  const ViewSlot &av = st.views[0], &bv = st.views[1];
+  const ViewText a{av}, b{bv};
+  int R = av.rank, O = R - axes;
+  if (O < 0 || bv.rank != R) throw std::logic_error("CUDA codegen: a Contraction's operand views disagree");
+  DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
+  std::string od = dtype_name(n.dtype);
+  auto I = [](int v) { return std::to_string(v); };
+  // A warp per output, lanes over the flat k (any view, any dtype).
+  {
+    bool dbl = is_int(n.dtype) || is_int(as) || is_int(bs);
+    std::string T = dbl ? "double" : "float";
+    Text k;
+    k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
+      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = 1";
+    for (int d = O; d < R; ++d) k << " * " << a.shape(d);
+    k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+      << unravel(av, 0, O, "row") << "    " << T << " acc = 0;\n"
+      << "    for (i64 kk = lane; kk < K; kk += 32) {\n" << unravel(av, O, R, "kk") << "    " << T << " x, y;\n"
+      << load(av, names("i", 0, R), "in0", as, T, "x") << load(bv, names("i", 0, R), "in1", bs, T, "y")
+      << "    acc += x * y;\n    }\n    acc = warp_sum(acc);\n"
+      << "    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
+    st.variants = {{Variant::Warps, add_kernel(k.str())}};
+  }
+  if (!is_float(as) || !is_float(bs) || !is_float(n.dtype) || av.masked || bv.masked) return;
+  int E = st.nparams;
+  st.nparams += contraction_extra(O);
+  auto x = [&](int slot) { return "p[" + I(E + slot) + "]"; };
+  bool mma = compute_ == DType::BF16 || compute_ == DType::F16;
+  bool split = n.dtype == DType::F32;  // (k split over blocks adds float32 partial sums atomically)
+  // f32: 256 threads, 4 x 4 outputs each, k tiles of 16 stored k-major; mma: 128 threads (4 warps of 32 x 32), k
+  // tiles of 32 stored row-major (rows padded to 40 halves: no bank conflicts on the fragment loads).
+  const int TILE = kContractionTile, NT = mma ? 128 : 256, BK = contraction_bk(mma), U = TILE * BK / NT;
+  Text t;
+  t << "extern \"C\" __global__ __launch_bounds__(" << NT << ") void NAME" << params(2) << " {\n"
+    << "  __shared__ i64 rA[" << TILE << "], rB[" << TILE << "], oM[" << TILE << "], oN[" << TILE << "], kA[2][" << BK
+    << "], kB[2][" << BK << "];\n";
+  if (mma) t << "  __shared__ __align__(16) u16 As[" << TILE << "][" << BK + 8 << "], Bs[" << TILE << "][" << BK + 8 << "];\n";
+  else t << "  __shared__ float As[" << BK << "][" << TILE + 4 << "], Bs[" << BK << "][" << TILE + 4 << "];\n";
+  t << "  i64 M = " << x(0) << ", N = " << x(1) << ", K = " << x(3) << ", S = " << x(6) << ";\n"
+    << "  i64 m0 = (i64)blockIdx.x * " << TILE << ", n0 = (i64)blockIdx.y * " << TILE << ";\n"
+    << "  int tid = threadIdx.x;\n  bool fa = " << x(4) << " != 0, fb = " << x(5) << " != 0;\n"
+    // blockIdx.z: the batch, and (S > 1) the block's range of k tiles.
+    << "  i64 nb = " << x(2) << ", per = ((K + " << BK - 1 << ") / " << BK << " + S - 1) / S;\n"
+    << "  i64 kbeg = (i64)(blockIdx.z / nb) * per * " << BK << ", kend = min(K, kbeg + per * " << BK << ");\n"
+    // The offsets of the tile's rows (a, and the output with the batch's offset) and columns (b, the output).
+    << "  if (tid < " << 2 * TILE << ") {\n"
+    << "    bool isb = tid >= " << TILE << ";\n    int r = tid % " << TILE << ";\n"
+    << "    i64 oa = " << a.off() << ", ob = " << b.off() << ", oo = 0, z = blockIdx.z % nb;\n";
+  for (int d = O - 1; d >= 0; --d)
+    t << "    { i64 s = " << x(7 + 2 * O + d) << ", i = z % s; z /= s; oa += i * " << a.stride(d) << "; ob += i * "
+      << b.stride(d) << "; oo += i * " << x(7 + 3 * O + d) << "; }\n";
+  t << "    if (isb) oo = 0;\n"
+    << "    i64 w = (isb ? n0 : m0) + r;\n"
+    << "    if (w < (isb ? N : M)) {\n";
+  for (int d = O - 1; d >= 0; --d)
+    t << "      { i64 s = isb ? " << x(7 + O + d) << " : " << x(7 + d) << ", i = w % s; w /= s; oa += i * " << a.stride(d)
+      << "; ob += i * " << b.stride(d) << "; oo += i * " << x(7 + 3 * O + d) << "; }\n";
+  t << "    }\n"
+    << "    if (isb) { rB[r] = ob; oN[r] = oo; } else { rA[r] = oa; oM[r] = oo; }\n  }\n";
+  if (mma)
+    t << "  int lane = tid & 31, wq = tid >> 5, wm = wq >> 1, wn = wq & 1, g = lane >> 2, q = (lane & 3) * 2;\n"
+      << "  float acc[2][4][4] = {};\n";
+  else t << "  int tm = tid & 15, tn = tid >> 4;\n  float acc[4][4] = {};\n";
+  // Element e = tid + NT u of a tile: along rows (row e % TILE, k e / TILE) or along k (k e % BK, row e / BK).
+  auto at = [&](const char* f) {
+    return std::string("int row = ") + f + " ? e % " + I(TILE) + " : e / " + I(BK) + ", kk = " + f + " ? e / " + I(TILE) +
+           " : e % " + I(BK) + ";";
+  };
+  // Tile k1's k offsets into table buffer b (the flat k unravelled over the reduced dims).
+  auto tables = [&](const std::string& k1, const std::string& buf, const char* ind) {
+    t << ind << "if (tid < " << BK << ") {\n" << ind << "  i64 k = " << k1 << " + tid, ka = 0, kb = 0;\n"
+      << ind << "  if (k < kend) {\n";
+    for (int d = R - 1; d >= O; --d)
+      t << ind << "    { i64 i = " << (d == O ? std::string("k") : "k % " + a.shape(d) + "; k /= " + a.shape(d))
+        << "; ka += i * " << a.stride(d) << "; kb += i * " << b.stride(d) << "; }\n";
+    t << ind << "  }\n" << ind << "  kA[" << buf << "][tid] = ka;\n" << ind << "  kB[" << buf << "][tid] = kb;\n"
+      << ind << "}\n";
+  };
+  // Tile k1's elements into registers (their loads stay in flight through the current tile's products).
+  auto fetch = [&](const std::string& k1, const std::string& buf, const char* ind) {
+    t << ind << "#pragma unroll\n" << ind << "for (int u = 0; u < " << U << "; ++u) {\n"
+      << ind << "  int e = tid + " << NT << " * u;\n"
+      << ind << "  { " << at("fa") << "\n" << ind << "    va[u] = (m0 + row < M && " << k1 << " + kk < kend) ? (float)ld_"
+      << dtype_name(as) << "(in0, rA[row] + kA[" << buf << "][kk]) : 0.0f; }\n"
+      << ind << "  { " << at("fb") << "\n" << ind << "    vb[u] = (n0 + row < N && " << k1 << " + kk < kend) ? (float)ld_"
+      << dtype_name(bs) << "(in1, rB[row] + kB[" << buf << "][kk]) : 0.0f; }\n"
+      << ind << "}\n";
+  };
+  std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  t << "  float va[" << U << "], vb[" << U << "];\n";
+  tables("kbeg", "0", "  ");
+  t << "  __syncthreads();\n";
+  fetch("kbeg", "0", "  ");
+  t << "  int buf = 0;\n"
+    << "  for (i64 k0 = kbeg; k0 < kend; k0 += " << BK << ", buf ^= 1) {\n"
+    << "#pragma unroll\n    for (int u = 0; u < " << U << "; ++u) {\n      int e = tid + " << NT << " * u;\n";
+  if (mma)
+    t << "      { " << at("fa") << " As[row][kk] = " << cv << "(va[u]); }\n"
+      << "      { " << at("fb") << " Bs[row][kk] = " << cv << "(vb[u]); }\n";
+  else
+    t << "      { " << at("fa") << " As[kk][row] = va[u]; }\n"
+      << "      { " << at("fb") << " Bs[kk][row] = vb[u]; }\n";
+  t << "    }\n    i64 k1 = k0 + " << BK << ";\n";
+  tables("k1", "buf ^ 1", "    ");
+  t << "    __syncthreads();\n    if (k1 < kend) {\n";
+  fetch("k1", "buf ^ 1", "      ");
+  t << "    }\n";
+  if (mma) {
+    std::string ct = compute_ == DType::BF16 ? "bf16" : "f16";
+    t << "#pragma unroll\n"
+      << "    for (int kk = 0; kk < " << BK << "; kk += 16) {\n"
+      << "      unsigned af[2][4], bf[4][2];\n"
+      << "      for (int i = 0; i < 2; ++i) {\n"
+      << "        int r = wm * 32 + i * 16 + g;\n"
+      << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
+      << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
+      << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
+      << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
+      << "      for (int j = 0; j < 4; ++j) {\n"
+      << "        int c = wn * 32 + j * 8 + g;\n"
+      << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
+      << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
+      << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
+      << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+      << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+      << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+      << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
+         "\"r\"(bf[j][1]));\n"
+      << "    }\n    __syncthreads();\n  }\n";
+  } else {
+    t << "#pragma unroll\n"
+      << "    for (int kk = 0; kk < " << BK << "; ++kk) {\n"
+      << "      float y[4], v[4];\n"
+      << "      for (int i = 0; i < 4; ++i) { v[i] = As[kk][tm + 16 * i]; y[i] = Bs[kk][tn + 16 * i]; }\n"
+      << "      for (int i = 0; i < 4; ++i)\n        for (int j = 0; j < 4; ++j) acc[i][j] += v[i] * y[j];\n    }\n"
+      << "    __syncthreads();\n  }\n";
+  }
+  // (a split k: each block's partial sums added into the output, which the step's first kernel zeroed)
+  std::string store = split ? "{ if (S > 1) atomicAdd((float*)out + o, v); else st_float32(out, o, v); }"
+                            : "st_" + od + "(out, o, v);";
+  if (mma)
+    t << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
+      << "        int r = wm * 32 + i * 16 + g + (e >> 1) * 8, c = wn * 32 + j * 8 + q + (e & 1);\n"
+      << "        float v = acc[i][j][e];\n        i64 o = oM[r] + oN[c];\n"
+      << "        if (m0 + r < M && n0 + c < N) " << store << "\n      }\n}\n";
+  else
+    t << "  for (int i = 0; i < 4; ++i)\n    for (int j = 0; j < 4; ++j) {\n"
+      << "      int r = tm + 16 * i, c = tn + 16 * j;\n"
+      << "      float v = acc[i][j];\n      i64 o = oM[r] + oN[c];\n"
+      << "      if (m0 + r < M && n0 + c < N) " << store << "\n    }\n}\n";
+  if (split)
+    st.combine_fn = add_kernel("extern \"C\" __global__ void NAME" + params(std::vector<std::string>{}) + " {\n"
+                               "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x)\n"
+                               "    ((float*)out)[t] = 0.0f;\n}\n");
+  Variant fast{mma ? Variant::ImplicitMma : Variant::ImplicitGemm, add_kernel(t.str())};
+  st.variants.insert(st.variants.begin(), fast);
+}
+
+// Statements pointing `ptr` (a const u8*) at the packed row `nn` (in range) of whichever weight holds it.
+std::string Generator::q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr) const {
+  int m = int(st.views.size()) - 1;
+  std::string t = "    ";
+  for (int j = 1; j <= m; ++j) {
+    ViewText wv{st.views[j]};
+    if (j > 1) t += " else ";
+    if (j < m) t += "if (" + nn + " < p[" + std::to_string(S + j) + "]) ";
+    t += "{ " + ptr + " = (const u8*)in" + std::to_string(j) + " + " + wv.off() + " + (" + nn + " - p[" +
+         std::to_string(S + j - 1) + "]) * " + wv.stride(0) + "; }";
+  }
+  return t + "\n";
+}
+
+namespace {
+// sum_i x.i * q_i over the 4 int8 quants of `u` (the word XORed with 0x80808080, so byte i is q_i + 128): each byte
+// becomes the float 2^23 + byte by putting it under the exponent bits of 2^23 (a byte permute, no int-to-float
+// conversion, whose throughput would bound the kernel), less 2^23 + 128.
+std::string q8_dot4(const std::string& u, const std::string& x) {
+  std::string t = "(";
+  const char* c[] = {".x", ".y", ".z", ".w"};
+  for (int i = 0; i < 4; ++i)
+    t += std::string(i ? " + " : "") + x + c[i] + " * (__uint_as_float(__byte_perm(" + u + ", 0x4b000000u, 0x744" +
+         std::to_string(i) + ")) - 8388736.0f)";
+  return t + ")";
+}
+
+// Four consecutive activations from element `o` into float4 `x`: one 16-byte load of float32 rows (applies() checks
+// the alignment), else four loads.
+std::string load4(DType as, const std::string& o, const std::string& x) {
+  if (as == DType::F32) return x + " = __ldg((const float4*)((const float*)in0 + " + o + "));";
+  std::string ld = "ld_" + std::string(dtype_name(as)) + "(in0, " + o;
+  return x + " = make_float4(" + ld + "), " + ld + " + 1), " + ld + " + 2), " + ld + " + 3));";
+}
+}  // namespace
+
+// Q8_0 rows of few tokens (decode): a block of 8 warps per 2 output columns of one row, the warps splitting K, each
+// step of the block covering 32 consecutive blocks of 32 weights (1,088 contiguous bytes per weight row); a lane
+// takes 4 quants of a block (8 lanes a block) with 2-byte loads (blocks are 34 bytes: only 2-byte aligned) and their
+// 4 activations (which serve both rows), and 4 steps are loaded before the first multiply. Float32 accumulation.
+// (Whole 4-byte words per lane, the neighbours' words and the scales by shuffles, measured no faster on the H100.)
+std::string Generator::q8_matvec(const Step& st, const Node& n, int S) {
+  const ViewSlot& av = st.views[0];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node);
+  std::vector<std::string> idx = names("i", 0, R - 2);
+  idx.insert(idx.end(), {"0", "0"});
+  Text k;
+  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(int(st.views.size())) << " {\n"
+    << "  __shared__ float part[8][2];\n"
+    << "  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = lane & 7;\n"
+    << "  i64 K = p[2], N = p[3], nb = K / 32, ng = (N + 1) / 2;\n"
+    << "  if (N == 0) return;\n"
+    << "  i64 items = p[1] / N * ng;\n"
+    << "  for (i64 it = blockIdx.x; it < items; it += gridDim.x) {\n"
+    << "    i64 row = it / ng, n0 = (it % ng) * 2;\n"
+    << unravel(av, 0, R - 2, "row")
+    << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n"
+    << "    const u8 *w0, *w1;\n"
+    << q8_row(st, S, "n0", "w0") << q8_row(st, S, "min(n0 + 1, N - 1)", "w1")
+    << "    float acc0 = 0.0f, acc1 = 0.0f;\n"
+    << "    for (i64 b0 = w * 4 + (lane >> 3); b0 < nb; b0 += 128) {\n"
+    << "      float4 x[4];\n      unsigned q0[4], q1[4];\n      float d0[4], d1[4];\n"
+    << "#pragma unroll\n"
+    << "      for (int u = 0; u < 4; ++u) {\n"
+    << "        i64 b = b0 + u * 32;\n"
+    << "        if (b < nb) {\n"
+    << "          " << load4(as, "abase + b * 32 + 4 * j", "x[u]") << "\n"
+    << "          const u16 *a = (const u16*)(w0 + b * 34), *c = (const u16*)(w1 + b * 34);\n"
+    << "          d0[u] = f16_f32(__ldg(a));\n          d1[u] = f16_f32(__ldg(c));\n"
+    << "          q0[u] = ((unsigned)__ldg(a + 1 + 2 * j) | ((unsigned)__ldg(a + 2 + 2 * j) << 16)) ^ 0x80808080u;\n"
+    << "          q1[u] = ((unsigned)__ldg(c + 1 + 2 * j) | ((unsigned)__ldg(c + 2 + 2 * j) << 16)) ^ 0x80808080u;\n"
+    << "        } else {\n"
+    << "          x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n"
+    << "          d0[u] = d1[u] = 0.0f;\n          q0[u] = q1[u] = 0x80808080u;\n        }\n      }\n"
+    << "#pragma unroll\n"
+    << "      for (int u = 0; u < 4; ++u) {\n"
+    << "        acc0 += d0[u] * " << q8_dot4("q0[u]", "x[u]") << ";\n"
+    << "        acc1 += d1[u] * " << q8_dot4("q1[u]", "x[u]") << ";\n      }\n    }\n"
+    << "    acc0 = warp_sum(acc0);\n    acc1 = warp_sum(acc1);\n"
+    << "    if (lane == 0) { part[w][0] = acc0; part[w][1] = acc1; }\n"
+    << "    __syncthreads();\n"
+    << "    if (threadIdx.x < 2 && n0 + threadIdx.x < N) {\n"
+    << "      float s = 0.0f;\n"
+    << "      for (int v = 0; v < 8; ++v) s += part[v][threadIdx.x];\n"
+    << "      st_" << dtype_name(n.dtype) << "(out, row * N + n0 + threadIdx.x, s);\n    }\n"
+    << "    __syncthreads();\n  }\n}\n";
+  return add_kernel(k.str());
+}
+
+// Q8_0 rows of many tokens (prefill) on tensor cores: mma.sync m16n8k16 over 64 x 64 outputs per block of 4 warps,
+// k in steps of one block (32). The quants enter the 16-bit operand exactly (integers below 256); each step's
+// products are scaled by their weight row's block scale as they join the float32 accumulators. The activations are
+// rounded to the compute dtype (as the tensor-core MatMul rounds its operands).
+std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
+  const ViewSlot& av = st.views[0];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node);
+  std::vector<std::string> idx = names("i", 0, R - 2);
+  idx.insert(idx.end(), {"0", "0"});
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  Text t;
+  t << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(int(st.views.size())) << " {\n"
+    << "  __shared__ __align__(16) u16 As[64][40], Bs[64][40];\n"
+    << "  __shared__ float Ds[64];\n"
+    << "  i64 K = p[2], N = p[3], M = N ? p[1] / N : 0;\n"
+    << "  if (M == 0) return;\n"
+    << "  i64 m0 = (i64)blockIdx.y * 64, n0 = (i64)blockIdx.x * 64;\n"
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w >> 1, wn = w & 1;\n"
+    << "  int lr = tid >> 1, lk = (tid & 1) * 16, g = lane >> 2, q = (lane & 3) * 2;\n"
+    << "  // Rows past the edges stage a copy of the last one (their outputs are not stored).\n"
+    << "  i64 am = min(m0 + lr, M - 1), nn = min(n0 + lr, N - 1);\n"
+    << unravel(av, 0, R - 2, "am")
+    << "  i64 abase = " << ViewText{av}.offset(idx) << " + lk;\n"
+    << "  const u8* wr;\n" << q8_row(st, S, "nn", "wr")
+    << "  const u16* wq = (const u16*)wr + 1 + lk / 2;\n"
+    << "  float acc[2][4][4] = {};\n"
+    << "  for (i64 kb = 0; kb < K / 32; ++kb) {\n"
+    << "    float4 x[4];\n"
+    << "#pragma unroll\n"
+    << "    for (int u = 0; u < 4; ++u) { " << load4(as, "abase + kb * 32 + 4 * u", "x[u]") << " }\n"
+    << "#pragma unroll\n"
+    << "    for (int u = 0; u < 4; ++u) {\n"
+    << "      As[lr][lk + 4 * u] = " << cv << "(x[u].x);\n      As[lr][lk + 4 * u + 1] = " << cv << "(x[u].y);\n"
+    << "      As[lr][lk + 4 * u + 2] = " << cv << "(x[u].z);\n      As[lr][lk + 4 * u + 3] = " << cv << "(x[u].w);\n"
+    << "    }\n"
+    << "    if (lk == 0) Ds[lr] = f16_f32(__ldg((const u16*)wr + kb * 17));\n"
+    << "#pragma unroll\n"
+    << "    for (int h = 0; h < 8; ++h) {\n"
+    << "      unsigned v = __ldg(wq + kb * 17 + h);\n"
+    << "      Bs[lr][lk + 2 * h] = " << cv << "((float)(signed char)(v & 255u));\n"
+    << "      Bs[lr][lk + 2 * h + 1] = " << cv << "((float)(signed char)(v >> 8));\n    }\n"
+    << "    __syncthreads();\n"
+    << "    float c[2][4][4] = {};\n"
+    << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < 32; kk += 16) {\n"
+    << "      unsigned af[2][4], bf[4][2];\n"
+    << "      for (int i = 0; i < 2; ++i) {\n"
+    << "        int r = wm * 32 + i * 16 + g;\n"
+    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
+    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
+    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
+    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
+    << "      for (int j = 0; j < 4; ++j) {\n"
+    << "        int cc = wn * 32 + j * 8 + g;\n"
+    << "        bf[j][0] = *(const unsigned*)&Bs[cc][kk + q];\n"
+    << "        bf[j][1] = *(const unsigned*)&Bs[cc][kk + q + 8];\n      }\n"
+    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
+    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    << "                       : \"+f\"(c[i][j][0]), \"+f\"(c[i][j][1]), \"+f\"(c[i][j][2]), \"+f\"(c[i][j][3])\n"
+    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), \"r\"(bf[j][1]));\n"
+    << "    }\n"
+    << "#pragma unroll\n"
+    << "    for (int j = 0; j < 4; ++j) {\n"
+    << "      float s0 = Ds[wn * 32 + j * 8 + q], s1 = Ds[wn * 32 + j * 8 + q + 1];\n"
+    << "      for (int i = 0; i < 2; ++i) {\n"
+    << "        acc[i][j][0] += s0 * c[i][j][0]; acc[i][j][1] += s1 * c[i][j][1];\n"
+    << "        acc[i][j][2] += s0 * c[i][j][2]; acc[i][j][3] += s1 * c[i][j][3];\n      }\n    }\n"
+    << "    __syncthreads();\n  }\n"
+    << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
+    << "        i64 m = m0 + wm * 32 + i * 16 + g + (e >> 1) * 8, col = n0 + wn * 32 + j * 8 + q + (e & 1);\n"
+    << "        if (m < M && col < N) st_" << dtype_name(n.dtype) << "(out, m * N + col, acc[i][j][e]);\n      }\n}\n";
+  return add_kernel(t.str());
+}
+
+// out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers. p[1]: outputs, p[2]: K,
+// p[3]: N. Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row
+// n - start[j]; the m + 1 starts follow the views in the parameter slice.
+// Variants: Q8_0 only, QMatVec (a few rows: decode) and QGemm (more rows, 16-bit compute dtype: prefill), then a
+// warp per output for anything (Warps).
 void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int m = int(n.inputs.size()) - 1;
   for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
@@ -994,6 +1340,11 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
+  st.variants.clear();
+  if (bb == 34) {
+    st.variants.push_back({Variant::QMatVec, q8_matvec(st, n, S)});
+    if (compute_ == DType::BF16 || compute_ == DType::F16) st.variants.push_back({Variant::QGemm, q8_mma(st, n, S)});
+  }
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(m + 1) << " {\n"
     << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
@@ -1029,7 +1380,7 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
     else k << "      acc += d * (s - 8.0f * sa);\n";
   }
   k << "    }\n    acc = warp_sum(acc);\n    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, o, acc);\n  }\n}\n";
-  st.variants = {{Variant::Warps, add_kernel(k.str())}};
+  st.variants.push_back({Variant::Warps, add_kernel(k.str())});
 }
 
 // One thread per block of 32 weights. p[1]: blocks, p[2]: weights per row.
@@ -1073,7 +1424,8 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
 // pointers: e<edge>, aliased in<i> for program input i as program_body names them, then the workspace.
 //
 // Variants, in order: FlashMma (flash_mma below: tensor cores, a 16-bit compute dtype, head sizes known when
-// printing, 64+ rows per Tq). Flash (float32, any softmax program): 16 query rows per block of 4 warps (4 rows
+// printing, 64+ rows per Tq). FlashDecode (up to 8 rows per Tq, head sizes known when printing; below). Flash
+// (float32, any softmax program): 16 query rows per block of 4 warps (4 rows
 // each), keys in tiles of 32 through shared memory with V's tile; a lane scores one key for its warp's 4 rows, the
 // warp keeps each row's running max and sum, and lane l accumulates output columns l, l+32, .. (D, N <= 128).
 // Both split the keys into ranges (grid z) when the tiles alone leave the GPU idle (decode over a long cache):
@@ -1136,6 +1488,126 @@ void Generator::attention_step(Step& st, const Node& n) {
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
+    }
+  }
+  if (sm && !dbl) {
+    // Decode (FlashDecode): head sizes known when printing. RW query rows per block (the query heads of a KV head);
+    // the block's 4 warps take turns over its key range's 32-key tiles, a lane per key: the lane's key row in
+    // registers (16-byte loads), its scores against the rows' q in shared memory, the warp's online softmax, then
+    // each lane accumulates its CPL output columns over the tile's rows of V. No block barrier inside the loop; the
+    // warps' partial rows merge in shared memory at the end.
+    Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
+    if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
+      const int RW = 4, Dc = int(dq.as_const()), Nc = int(dv.as_const()), CPL = std::max(1, (Nc + 31) / 32);
+      // The 16-byte paths (float32 k and v: a graph's k and v reach attention as float32, a cast being a step of
+      // its own), printed where the sizes allow; taken when the runtime's flag (p[E + 6]) says the rows are
+      // contiguous and 16-byte aligned.
+      bool kvec = Dc % 8 == 0 && storage(n.inputs[1].node) == DType::F32;
+      bool vvec = (CPL == 1 || CPL == 2 || CPL == 4) && Nc % CPL == 0 && storage(n.inputs[2].node) == DType::F32;
+      std::string RWs = std::to_string(RW), CP = std::to_string(CPL);
+      std::string NC = std::to_string(32 * CPL), DQ = std::to_string((Dc + 3) / 4 * 4);
+      Text f;
+      f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(args) << " {\n"
+        << "  __shared__ __align__(16) float Qs[" << RWs << "][" << DQ << "];\n"
+        << "  __shared__ float Ms[4][" << RWs << "], Ls[4][" << RWs << "], As[4][" << RWs << "][" << NC << "];\n"
+        << aliases << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4)
+        << ", chunk = " << P(5) << ";\n"
+        << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;\n"
+        << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+        << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+        << "  bool vk = " << (kvec ? P(6) : "0") << " != 0, vv_ = " << (vvec ? P(6) : "0") << " != 0;\n"
+        << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
+        << "    i64 t0 = (i64)blockIdx.x * " << RWs << ", rb_ = b * Tq + t0, qb, kb, vb;\n"
+        << qk_bases("rb_") << v_base("rb_") << "    __syncthreads();\n"
+        << "    for (int x = tid; x < " << RW * Dc << "; x += 128) {\n"
+        << "      int rr = x / " << Dc << ", d = x % " << Dc << ";\n      float val = 0.0f;\n"
+        << "      if (t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
+        << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << base(q, "a", Rq - 2) << " + d * "
+        << q.stride(Rq - 1) << ");\n      }\n      Qs[rr][d] = val;\n    }\n";
+      for (int i = 0; i < RW; ++i) {
+        std::string I = std::to_string(i);
+        f << "    i64 row" << I << " = rb_ + " << I << ";\n    bool ok" << I << " = t0 + " << I << " < Tq;\n"
+          << "    float m" << I << " = ninf, l" << I << " = 0.0f, acc" << I << "[" << CP << "];\n"
+          << "#pragma unroll\n    for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] = 0.0f;\n";
+        for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << I << "_" << d << " = 0;\n";
+        if (Rp > 1) {
+          f << "    if (ok" << I << ") {\n" << unravel(st.views[3], 0, Rp - 1, "row" + I, "u");
+          for (int d = 0; d + 1 < Rp; ++d) f << "    x" << I << "_" << d << " = u" << d << ";\n";
+          f << "    }\n";
+        }
+      }
+      f << "    __syncthreads();\n"
+        << "    for (i64 j0 = jlo + w * 32; j0 < jhi; j0 += 128) {\n      i64 j = j0 + lane;\n"
+        << "      float s[" << RWs << "];\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) s[r] = 0.0f;\n"
+        << "      if (j < jhi) {\n";
+      if (kvec)
+        f << "        if (vk) {\n#pragma unroll\n          for (int d8 = 0; d8 < " << Dc / 8 << "; ++d8) {\n"
+          << "            float kx[8];\n            ld8_float32(e1, kb + j * " << kv.stride(Rq - 2) << " + d8 * 8, kx);\n"
+          << "#pragma unroll\n            for (int u = 0; u < 8; ++u)\n#pragma unroll\n"
+          << "              for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d8 * 8 + u] * kx[u];\n"
+          << "          }\n        } else\n";
+      f << "        for (int d = 0; d < " << Dc << "; ++d) {\n          float kx = " << ld(1) << "kb + j * "
+        << kv.stride(Rq - 2) << " + d * " << kv.stride(Rq - 1) << ");\n#pragma unroll\n"
+        << "          for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n        }\n      }\n";
+      std::vector<char> need = prog.needed_for(size_t(sm->x));
+      for (int i = 0; i < RW; ++i) {
+        std::string I = std::to_string(i);
+        std::vector<std::string> idx;
+        f << "      float pe" << I << " = 0.0f;\n      if (ok" << I << ") {\n        float x_ = ninf;\n"
+          << "        if (j < jhi) {\n";
+        for (int d = 0; d + 1 < Rp; ++d) {
+          f << "    i64 i" << d << " = x" << I << "_" << d << ";\n";
+          idx.push_back("i" + std::to_string(d));
+        }
+        f << "    i64 " << jn << " = j;\n";
+        idx.push_back(jn);
+        f << body_of(idx, need, size_t(-1), "s[" + I + "]") << "          x_ = (float)r" << sm->x << ";\n        }\n"
+          << "        float mn = op_max(m" << I << ", warp_max(x_)), mu = mn == ninf ? 0.0f : mn;\n"
+          << "        float al = op_exp2((m" << I << " - mu) * c_);\n"
+          << "        pe" << I << " = op_exp2((x_ - mu) * c_);\n"
+          << "        l" << I << " = l" << I << " * al + warp_sum(pe" << I << ");\n        m" << I << " = mn;\n"
+          << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] *= al;\n      }\n";
+      }
+      // V's rows of the tile: lane l holds columns l * CPL.. (one load of CPL consecutive values when aligned).
+      const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
+      Text vl;
+      vl << "            " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << v.stride(Rv - 1)
+         << " + lane * " << CP << ");\n";
+      if (CPL == 1) vl << "            vv[0] = t_;\n";
+      else vl << "            vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "            vv[2] = t_.z; vv[3] = t_.w;\n" : "");
+      f << "#pragma unroll 8\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
+        << "        float vv[" << CP << "];\n#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) vv[u] = 0.0f;\n"
+        << "        if (jv < jhi) {\n";
+      if (vvec) f << "          if (vv_) {\n            if (lane * " << CP << " < N) {\n" << vl.str() << "            }\n          } else\n";
+      f << "#pragma unroll\n          for (int u = 0; u < " << CP << "; ++u) {\n            i64 c = lane * " << CP
+        << " + u;\n            if (c < N) vv[u] = " << ld(2) << "vb + c * " << v.stride(Rv - 2) << " + jv * "
+        << v.stride(Rv - 1) << ");\n          }\n        }\n";
+      for (int i = 0; i < RW; ++i) {
+        std::string I = std::to_string(i);
+        f << "        float p" << I << " = __shfl_sync(0xffffffffu, pe" << I << ", jj);\n"
+          << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] += p" << I << " * vv[u];\n";
+      }
+      f << "      }\n    }\n";
+      // The warps' partial rows merged (rescaled to their common max): the normalised rows, or this key range's
+      // partial result for the combine.
+      for (int i = 0; i < RW; ++i) {
+        std::string I = std::to_string(i);
+        f << "    if (lane == 0) { Ms[w][" << I << "] = m" << I << "; Ls[w][" << I << "] = l" << I << "; }\n"
+          << "#pragma unroll\n    for (int u = 0; u < " << CP << "; ++u) As[w][" << I << "][lane * " << CP << " + u] = acc"
+          << I << "[u];\n";
+      }
+      f << "    __syncthreads();\n    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n"
+        << "    for (int x = tid; x < " << RW * 32 * CPL << "; x += 128) {\n"
+        << "      int r = x / " << NC << ", c = x % " << NC << ";\n"
+        << "      if (c >= N || t0 + r >= Tq) continue;\n"
+        << "      float M = op_max(op_max(Ms[0][r], Ms[1][r]), op_max(Ms[2][r], Ms[3][r])), mu = M == ninf ? 0.0f : M;\n"
+        << "      float L = 0.0f, a = 0.0f;\n#pragma unroll\n      for (int u = 0; u < 4; ++u) {\n"
+        << "        float sc = op_exp2((Ms[u][r] - mu) * c_);\n        L += Ls[u][r] * sc;\n        a += As[u][r][c] * sc;\n"
+        << "      }\n      i64 row = rb_ + r;\n"
+        << "      if (nsplit == 1) o_[row * N + c] = a * (1.0f / L);\n"
+        << "      else {\n        float* part = w_ + (row * nsplit + blockIdx.z) * (N + 2);\n"
+        << "        if (c == 0) { part[0] = M; part[1] = L; }\n        part[2 + c] = a;\n      }\n    }\n  }\n}\n";
+      st.variants.push_back({Variant::FlashDecode, add_kernel(f.str())});
     }
   }
   if (sm && !dbl) {
@@ -1236,10 +1708,12 @@ void Generator::attention_step(Step& st, const Node& n) {
       << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1] * N; t += (i64)gridDim.x * blockDim.x) {\n"
       << "    i64 row = t / N, nn = t % N;\n    const float* w_ = (const float*)ws + row * nsplit * (N + 2);\n"
       << "    float M = ninf, L = 0.0f, a = 0.0f;\n"
-      << "    for (i64 z = 0; z < nsplit; ++z) M = op_max(M, w_[z * (N + 2)]);\n"
-      << "    float mu = M == ninf ? 0.0f : M;\n"
-      << "    for (i64 z = 0; z < nsplit; ++z) {\n      const float* part = w_ + z * (N + 2);\n"
-      << "      float sc = op_exp2((part[0] - mu) * c_);\n      L += part[1] * sc;\n      a += part[2 + nn] * sc;\n    }\n"
+      // One pass, online (the loads of several ranges in flight at once; no dependent second pass).
+      << "#pragma unroll 8\n    for (i64 z = 0; z < nsplit; ++z) {\n      const float* part = w_ + z * (N + 2);\n"
+      << "      float pm = part[0], pl = part[1], pa = part[2 + nn];\n"
+      << "      float mn = op_max(M, pm), mu = mn == ninf ? 0.0f : mn;\n"
+      << "      float so = op_exp2((M - mu) * c_), sn = op_exp2((pm - mu) * c_);\n"
+      << "      L = L * so + pl * sn;\n      a = a * so + pa * sn;\n      M = mn;\n    }\n"
       << "    ((float*)out)[t] = a * (1.0f / L);\n  }\n}\n";
     st.combine_fn = add_kernel(c.str());
   }
@@ -1539,6 +2013,7 @@ std::string Generator::batch_kernel(const Group& G) {
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
   mod_.sched = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
+  mod_.compute = compute_;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
   mod_.steps.resize(cs.size());
@@ -1561,6 +2036,8 @@ Module Generator::run() {
       dequant_step(st, n, format_info(d->format).block_bytes);
     } else if (op_as<AttentionOp>(n)) {
       attention_step(st, n);
+    } else if (const ContractionOp* c = op_as<ContractionOp>(n)) {
+      contraction_step(st, n, c->axes);
     } else {
       std::string why = op_as<HostOp>(n) ? ": it is a user op with only a CPU kernel (CudaCompiler(host_fallback="
                                            "True) runs such ops on the host, copying their inputs and result)"
@@ -1596,7 +2073,8 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
 
 const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
-                                "gemm128", "gemm64"};
+                                "gemm128", "gemm64", "flash-decode", "implicit-gemm",
+                                "implicit-mma", "cublas", "qgemv", "qmma"};
   return names[k];
 }
 

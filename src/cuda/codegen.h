@@ -45,6 +45,14 @@ struct Variant {
     FlashMma,     // Flash on tensor cores (mma.sync, a 16-bit compute dtype): 128 query rows per block
     Gemm128,      // TensorCore pipelined (cp.async ring, ldmatrix), 128 x 128 tiles: 16-byte aligned rows
     Gemm64,       // the same, 64 x 64 tiles: for products with too few 128 x 128 tiles to fill the GPU
+    FlashDecode,  // Attention for few query rows per KV head (decode): a block's warps split its key range, a lane
+                  // per key; 16-byte loads, no shared tiles (see attention_step)
+    ImplicitGemm,  // Contraction (a convolution) as a GEMM whose k runs over several reduced dims, read through the
+                   // operands' views (no im2col buffer): 64 x 64 tiles, float32 (see contraction_step)
+    ImplicitMma,   // the same on tensor cores (mma.sync), operands rounded to the 16-bit compute dtype
+    Blas,          // MatMul by cuBLASLt (src/cuda/cublaslt.*), no kernel of ours: where the library opens
+    QMatVec,       // QMatMul Q8_0 over a few rows (decode): a block of 8 warps per 2 outputs, 2-byte aligned blocks
+    QGemm,         // QMatMul Q8_0 over more rows (prefill): 64 x 64 tiles on tensor cores, a 16-bit compute dtype
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -68,7 +76,8 @@ struct Step {
                                   // the rows go into the destination in place)
   int block_bytes = 0;            // QMatMul / Dequant: bytes per GGUF block
   std::string combine_fn;         // Attention split over key ranges (flash-decoding): merges the ranges' partial
-                                  // results, after the Flash variant, when the runtime split the keys
+                                  // results, after the Flash variant, when the runtime split the keys; a float32
+                                  // Contraction split over k: zeroes the output its blocks then add into
   const std::string& fn() const { return variants.front().fn; }
 };
 
@@ -83,6 +92,7 @@ struct Module {
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device
+  DType compute = DType::F32;     // generate's `compute` (what the tensor-core variants round operands to)
 };
 
 // The helpers every generated module starts with (loads, stores, rounding per dtype).

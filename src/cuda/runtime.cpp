@@ -13,6 +13,7 @@
 #include "core/lower/ops.h"
 #include "core/plan.h"
 #include "core/reference.h"
+#include "cuda/contraction.h"
 
 namespace luminal {
 namespace cuda {
@@ -106,6 +107,20 @@ bool env_zero(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "0";
 }
+
+// LUMINAL_CUDA_GEMM=cublas|own: the matrix products forced onto cuBLASLt (where it applies) or onto our kernels
+// ('c', 'o'; 0: chosen by timing, see Runtime::choose).
+char gemm_forced() {
+  const char* v = std::getenv("LUMINAL_CUDA_GEMM");
+  if (!v || !*v) return 0;
+  std::string s(v);
+  if (s != "cublas" && s != "own") throw std::invalid_argument("LUMINAL_CUDA_GEMM must be 'cublas' or 'own', got '" + s + "'");
+  return s[0];
+}
+
+// The GEMM variants, timed against each other when several apply (each is a launch with no side effect but its
+// output: see Runtime::choose).
+bool timed(Variant::Kind k) { return k == Variant::Gemm128 || k == Variant::Gemm64 || k == Variant::Blas; }
 
 // Fences are reused (an event and a page-locked error word each): a decode step makes one, and creating events or
 // page-locked memory per run would cost more than the rest of the run's host work.
@@ -308,6 +323,8 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   L_.grid.assign(ns, {1, 1, 1});
   L_.threads.assign(ns, 256);
   L_.extra.assign(ns, 0);
+  L_.cands.assign(ns, {});
+  L_.blas.assign(ns, {});
   auto labels = std::make_shared<std::vector<std::string>>(g_.size());
   for (int64_t id = 0; id < int64_t(g_.size()); ++id) (*labels)[size_t(id)] = op_label(g_.node(id));
   labels_ = labels;
@@ -354,14 +371,15 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       L_.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       return true;
     case Variant::MatVec: return out_n != 0 && rows_aligned(cv[0], cv[1]);
-    case Variant::Flash: case Variant::FlashMma: {
+    case Variant::Flash: case Variant::FlashMma: case Variant::FlashDecode: {
       // q read once per row (broadcast over the keys); a tile of rows shares k and v: consecutive rows along the
       // trailing row axes over which neither moves (the query rows of one head, and the query heads of a KV head).
       const ConcreteView &q = cv[0], &k = cv[1], &vv = cv[2];
       size_t rq = q.shape.size(), rv = vv.shape.size();
       size_t E = L_.extra[i];
       int64_t D = p[E], N = p[E + 1], T = p[2], rows = L_.items[i];
-      int64_t R = v.kind == Variant::Flash ? 16 : 128;  // query rows per block
+      int64_t R = v.kind == Variant::Flash ? 16 : v.kind == Variant::FlashDecode ? 4 : 128;  // query rows per block
+      if (v.kind == Variant::FlashDecode && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
       if (out_n == 0 || rq < 2 || rv < 2 || D > 128 || N > 128 || q.strides[rq - 2] != 0) return false;
       auto shared_rows = [](const ConcreteView& x, size_t nrow) {
         int64_t c = 1;
@@ -374,13 +392,22 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       int64_t Tq = std::gcd(shared_rows(k, rq - 2), shared_rows(vv, rv - 2));
       if (Tq <= 0 || rows % Tq) return false;
       // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
-      // query heads) go to the SIMT kernel, which holds more loads in flight.
-      if (v.kind != Variant::Flash && Tq < R / 2) return false;
+      // query heads) go to the decode kernel, which holds more loads in flight.
+      if (v.kind == Variant::FlashMma && Tq < R / 2) return false;
+      if (v.kind == Variant::FlashDecode && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
       int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
       // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
       // four blocks per multiprocessor, at least 128 keys per range.
       int64_t splits = 1, chunk = T;
-      if (tiles < 2 * int64_t(sms_) && T > 256) {
+      if (v.kind == Variant::FlashDecode) {
+        // Its warps take 32-key tiles in turn: ranges of 128+ keys, enough of them for about four blocks per
+        // multiprocessor (short caches too: a block's range is only 4 tiles). LUMINAL_CUDA_ATTENTION_CHUNK: keys
+        // per range (tests, tuning).
+        const char* e = std::getenv("LUMINAL_CUDA_ATTENTION_CHUNK");
+        int64_t want = (4 * int64_t(sms_) + tiles - 1) / tiles;
+        chunk = e && std::atoll(e) > 0 ? std::atoll(e) : std::max<int64_t>(128, ((T + want - 1) / want + 127) / 128 * 128);
+        splits = std::max<int64_t>(1, (T + chunk - 1) / chunk);
+      } else if (tiles < 2 * int64_t(sms_) && T > 256) {
         int64_t want = (4 * int64_t(sms_) + tiles - 1) / tiles;
         chunk = std::max<int64_t>(128, ((T + want - 1) / want + 63) / 64 * 64);
         splits = (T + chunk - 1) / chunk;
@@ -404,6 +431,23 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
     case Variant::AttentionRows:
       L_.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(L_.items[i], int64_t(sms_) * 16))), 1, 1};
       return true;
+    case Variant::QMatVec: case Variant::QGemm: {
+      // Q8_0 (codegen's q8_matvec, q8_mma): up to 4 rows take the matrix-vector kernel, more the tensor cores.
+      // Activation rows 16-byte aligned (float4 loads), weight rows 2-byte aligned. p[2]: K, p[3]: N.
+      const ConcreteView& a = cv[0];
+      size_t r = a.shape.size();
+      int64_t N = p[3], rows = N ? out_n / N : 0;
+      if (rows == 0 || a.offset % 4 || (v.kind == Variant::QMatVec) != (rows <= 4)) return false;
+      for (size_t d = 0; d + 2 < r; ++d)
+        if (a.strides[d] % 4 && a.shape[d] != 1) return false;
+      for (size_t j = 1; j < cv.size(); ++j)
+        if (cv[j].offset % 2) return false;
+      if (v.kind == Variant::QMatVec)
+        L_.grid[i] = {unsigned(std::min<int64_t>(rows * ((N + 1) / 2), int64_t(sms_) * 16)), 1, 1};
+      else if ((rows + 63) / 64 > 65535 || (N + 63) / 64 > (int64_t(1) << 31) - 1) return false;
+      else L_.grid[i] = {unsigned((N + 63) / 64), unsigned((rows + 63) / 64), 1};
+      return true;
+    }
     case Variant::Gemm128: case Variant::Gemm64: {
       // 16-byte aligned rows (the operands' chunks; K past its last tile is zero-filled); the 128-row tiles when
       // they alone fill the GPU, else the 64-row ones.
@@ -420,6 +464,23 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       // (m tiles along x: the blocks running together share the weights' tiles, and the activations stay in L2)
       L_.grid[i] = {unsigned(tm), unsigned(tn), unsigned(batch)};
       return true;
+    }
+    case Variant::Blas: {
+      // cuBLASLt, where it opens, for 16+ rows sharing the weights as our tensor-core kernels (fewer: the
+      // matrix-vector kernels); operands it cannot read in place are copied into its workspace (blas_plan).
+      const ConcreteView& a = cv[0];
+      size_t r = a.shape.size();
+      const Node& n = g_.node(core(i).node);
+      if (out_n == 0 || r < 3 || a.shape[r - 3] < 16 || gemm_forced() == 'o') return false;
+      return blas_plan(a, cv[1], s_.storage()[size_t(n.inputs[0].node)], s_.storage()[size_t(n.inputs[1].node)],
+                       n.dtype, s_.compute, &L_.blas[i]);
+    }
+    case Variant::ImplicitGemm: case Variant::ImplicitMma: {  // a Contraction: its GEMM's layout after the views
+      const Node& n = g_.node(core(i).node);
+      int axes = op_as<ContractionOp>(n)->axes;
+      int64_t* x = p + s_.steps[i].nparams - contraction_extra(int(cv[0].shape.size()) - axes);
+      return out_n != 0 && contraction_layout(cv[0], cv[1], axes, contraction_bk(v.kind == Variant::ImplicitMma),
+                                              !s_.steps[i].combine_fn.empty(), sms_, x, L_.grid[i].data());
     }
     case Variant::Tiled: case Variant::TensorCore: {
       // [batch..., M, N, K] where a does not depend on n nor b on m, with enough rows to share the weights.
@@ -523,11 +584,32 @@ void Runtime::configure(size_t i) {
   } else if (!plan_.identity(i)) {  // (an identity copy counts no items: in a batch, its loop does nothing)
     L_.items[i] = out_n;
   }
-  for (size_t v = 0; v < st.variants.size(); ++v)
-    if (applies(st.variants[v], cv, out_n, p, i)) {
-      L_.variant[i] = v;
-      break;
+  // The first variant that applies; when it is a GEMM variant, the GEMM variants after it that apply too are the
+  // candidates that choose() times (LUMINAL_CUDA_TUNE=0: none; LUMINAL_CUDA_GEMM forces one).
+  auto& cands = L_.cands[i];
+  cands.clear();
+  char forced = 0;
+  bool more = false;  // (whether to look past the first)
+  for (size_t v = 0; v < st.variants.size(); ++v) {
+    Variant::Kind k = st.variants[v].kind;
+    if (!cands.empty() && (!timed(k) || !more)) break;
+    if (!applies(st.variants[v], cv, out_n, p, i)) continue;
+    L_.variant[i] = cands.empty() ? v : L_.variant[i];
+    if (!timed(k)) break;
+    if (cands.empty()) {  // (the environment read only here: decode's steps never get this far)
+      forced = gemm_forced();
+      more = forced || !env_zero("LUMINAL_CUDA_TUNE");
     }
+    cands.push_back({v, L_.grid[i]});
+  }
+  if (!cands.empty()) {
+    size_t pick = 0;  // (cublas forced: cuBLASLt where it applies, else the first)
+    for (size_t c = 0; forced == 'c' && c < cands.size(); ++c)
+      if (st.variants[cands[c].first].kind == Variant::Blas) pick = c;
+    L_.variant[i] = cands[pick].first;
+    L_.grid[i] = cands[pick].second;  // (applies() left the grid of the last it took)
+    if (forced || cands.size() == 1) cands.clear();
+  }
   if (!st.rows_fn.empty() && n.op == Op::Scatter) {  // Scatter: rows of the index
     int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
     if (!shape.empty() && shape[0] == 0) row = 0;
@@ -637,6 +719,96 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
   if (!graphs_on_) execute(l);
   else if (++npending_ == chunk_size(nchunk_)) replay(npending_);
+}
+
+// A GEMM variant of step i: our kernel, recorded like any launch; or cuBLASLt, which cannot be a kernel node of our
+// graphs: the launches recorded so far are replayed first (their chunk ends there), then it runs on the same stream.
+void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs) {
+  int64_t id = core(i).node;
+  if (v.kind != Variant::Blas) {
+    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
+    return;
+  }
+  if (graphs_on_ && npending_) replay(npending_);
+  const BlasGemm& g = L_.blas[i];
+  if (!blas_ws_ || blas_ws_->bytes < g.ws_bytes) {
+    blas_ws_.reset();  // (queued work that still uses it runs first: one stream)
+    blas_ws_ = device_alloc(g.ws_bytes);
+  }
+  ++launched_;
+  try {
+    blas_run(g, ptrs[1], ptrs[2], ptrs[0], blas_ws_->ptr, nullptr);
+  } catch (const CudaError& e) {
+    throw CudaError(std::string(e.what()) + " (node " + std::to_string(id) + ", " + op_label(g_.node(id)) + ")");
+  }
+}
+
+// Several GEMM variants apply to step i: each runs on the step's own operands (after the launches before it, outside
+// graphs: a warm-up, then 3 runs between CUDA events) and the fastest is kept for every product of the same kinds,
+// dtypes and views in this process (the layers of a model share theirs). A run writes only the step's output, which
+// the chosen variant then computes again.
+void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
+  static std::mutex mu;
+  static std::map<std::vector<int64_t>, Variant::Kind> fastest;
+  const Step& st = s_.steps[i];
+  const Node& n = g_.node(core(i).node);
+  auto& cands = L_.cands[i];
+  std::vector<int64_t> key;
+  for (auto& c : cands) key.push_back(st.variants[c.first].kind);
+  for (auto& e : n.inputs) key.push_back(int64_t(s_.storage()[size_t(e.node)]));
+  key.push_back(int64_t(n.dtype));
+  const int64_t* p = L_.params.data() + L_.slot[i];
+  for (const ViewSlot& vs : st.views) {  // (offset's alignment, shape, strides: not the buffer's size)
+    key.push_back(p[vs.base] % 128);
+    key.insert(key.end(), p + vs.base + 2, p + vs.base + 2 + 2 * vs.rank);
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  auto it = fastest.find(key);
+  if (it == fastest.end()) {
+    if (graphs_on_ && npending_) replay(npending_);  // (its operands computed first)
+    const Driver& d = driver();
+    bool graphs = graphs_on_;
+    size_t launched = launched_;
+    graphs_on_ = false;  // (direct launches)
+    CUevent ev[2] = {nullptr, nullptr};
+    std::string log;
+    Variant::Kind best = st.variants[cands[0].first].kind;
+    try {
+      for (auto& e : ev) check(d.cuEventCreate(&e, 0), "cuEventCreate");
+      float best_ms = 0;
+      for (auto& [v, grid] : cands) {
+        L_.variant[i] = v;
+        L_.grid[i] = grid;
+        const Variant& var = st.variants[v];
+        launch_gemm(i, var, ptrs);  // (warm-up: cuBLASLt's first call picks its algorithm)
+        check(d.cuEventRecord(ev[0], nullptr), "cuEventRecord");
+        for (int r = 0; r < 3; ++r) launch_gemm(i, var, ptrs);
+        check(d.cuEventRecord(ev[1], nullptr), "cuEventRecord");
+        check(d.cuEventSynchronize(ev[1]), "cuEventSynchronize");
+        float ms = 0;
+        check(d.cuEventElapsedTime(&ms, ev[0], ev[1]), "cuEventElapsedTime");
+        log += std::string(" ") + variant_name(var.kind) + " " + std::to_string(ms / 3) + " ms";
+        if (v == cands[0].first || ms < best_ms) best_ms = ms, best = var.kind;
+      }
+    } catch (...) {
+      graphs_on_ = graphs;
+      for (auto& e : ev) if (e) d.cuEventDestroy(e);
+      throw;
+    }
+    graphs_on_ = graphs;
+    launched_ = launched;
+    for (auto& e : ev) d.cuEventDestroy(e);
+    // LUMINAL_CUDA_TUNE_LOG=1: each choice and its times on stderr
+    if (const char* t = std::getenv("LUMINAL_CUDA_TUNE_LOG"); t && *t && std::string(t) != "0")
+      std::fprintf(stderr, "luminal tune: %s (node %lld):%s -> %s\n", op_label(n).c_str(), (long long)core(i).node,
+                   log.c_str(), variant_name(best));
+    it = fastest.emplace(key, best).first;
+  }
+  for (auto& [v, grid] : cands)
+    if (st.variants[v].kind == it->second) {
+      L_.variant[i] = v;
+      L_.grid[i] = grid;
+    }
 }
 
 void Runtime::execute(const Launch& l) {
@@ -957,6 +1129,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
         ptrs.assign(1, ptr[id]);
         for (auto& e : n.inputs) ptrs.push_back(ptr[e.node]);
         add_producer(i, ptrs);  // (the copy kernel before the rows takes only its own arguments: the rest are unread)
+        if (!L_.cands[i].empty()) choose(i, ptrs);  // (several GEMM variants apply: the fastest)
         const Variant& v = st.variants[L_.variant[i]];
         size_t slot = L_.slot[i];
         switch (v.kind) {
@@ -967,12 +1140,21 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::BlockPerRow: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), L_.threads[i]); break;
           case Variant::Tiled: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data()); break;
           case Variant::TensorCore: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 128); break;
-          case Variant::Gemm128: case Variant::Gemm64:
-            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
+          case Variant::ImplicitGemm: case Variant::ImplicitMma: {
+            // k split over blocks (the splits after the views, see contraction.h): the output zeroed first
+            int axes = op_as<ContractionOp>(n)->axes;
+            size_t splits = slot + size_t(st.nparams - contraction_extra(int(n.inputs[0].view.rank()) - axes) + 6);
+            if (L_.params[splits] > 1) launch(st.combine_fn, id, slot, L_.items[i], false, {ptr[id]});
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::ImplicitMma ? 128 : 256);
             break;
-          case Variant::Flash: case Variant::FlashMma: case Variant::AttentionRows: {
+          }
+          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: launch_gemm(i, v, ptrs); break;
+          case Variant::QMatVec: case Variant::QGemm:
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::QGemm ? 128 : 256);
+            break;
+          case Variant::Flash: case Variant::FlashMma: case Variant::AttentionRows: case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
-            unsigned threads = v.kind == Variant::Flash ? 128 : 256;
+            unsigned threads = v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads);
             if (v.kind != Variant::AttentionRows) {
               std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};

@@ -13,6 +13,7 @@
 #include "core/plan.h"
 #include "cuda/api.h"
 #include "cuda/codegen.h"
+#include "cuda/cublaslt.h"
 
 namespace luminal {
 namespace cuda {
@@ -93,6 +94,9 @@ class Runtime {
     std::vector<size_t> extra;                // per step: Attention's first slot after its views
     std::unordered_map<int64_t, Buffer> iota;   // host values of Iota nodes
     std::unordered_map<int64_t, size_t> iota_off;             // ... their offsets in the uploaded block
+    // per step: the GEMM variants that apply when several do (each with its grid), timed at its first run (choose)
+    std::vector<std::vector<std::pair<size_t, std::array<unsigned, 3>>>> cands;
+    std::vector<BlasGemm> blas;                               // per step: its product as cuBLASLt runs it
   };
   const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }
   void configure(size_t i);  // step i's parameter slice, variant and launch, from the plan
@@ -152,6 +156,11 @@ class Runtime {
   std::vector<char> done_;                // per step this run: computed already (by its group's kernel)
   std::vector<CUdeviceptr> group_args_;
   void execute(const Launch& l);
+  // The GEMM variants (own kernels, cuBLASLt): one launched; the fastest of several chosen by timing them on the
+  // device, once per product shape (LUMINAL_CUDA_TUNE=0: the first that applies).
+  void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs);
+  void choose(size_t i, const std::vector<CUdeviceptr>& ptrs);
+  std::shared_ptr<DeviceBuffer> blas_ws_;  // cuBLASLt's workspace and the operands copied for it
 
  public:
   ~Runtime();

@@ -53,11 +53,26 @@ class Session:
 
     `max_step_tokens`: longer inputs (prompts) run as several steps of at most this many tokens (the same graph),
     which bounds the memory a step's intermediates take; by default the model's `step_tokens` (a bound only when
-    routed experts gather s * k experts' weights per step), 0 for no bound."""
+    routed experts gather s * k experts' weights per step), 0 for no bound.
+
+    `batch`: b sequences decoded together through one graph (fixed at b), all at the same position: `step` and
+    `next_token` take tokens (b, s) and return (b, vocab) logits (the last position's with last_only, else
+    (b, s, vocab)) or b greedy tokens; `generate_batch` decodes b prompts of equal length greedily. The caches
+    are (capacity, b, Hkv, d): row i holds position i of every sequence. A step's tokens are those of every
+    sequence (max_step_tokens bounds b * s). `left_padding`: prompts of different
+    lengths too (`start_batch`), each left-padded to the longest, the padding hidden from its sequence."""
 
     def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int | None = None,
-                 max_step_tokens: int | None = None, max_context: int = 32768):
+                 max_step_tokens: int | None = None, max_context: int = 32768, batch: int | None = None,
+                 left_padding: bool = False):
         c, g = model.config, model.graph
+        if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
+            raise ValueError(f"batch must be a positive int (or None for one unbatched sequence), got {batch!r}")
+        self.batch = None if batch is None else int(batch)
+        if left_padding and batch is None:
+            raise ValueError("left_padding needs a batch (Session(batch=b, left_padding=True))")
+        # One cache row: a position's keys (or values), of every sequence when batched.
+        self._row = (c.n_kv_heads, c.head_dim) if batch is None else (self.batch, c.n_kv_heads, c.head_dim)
         if max_step_tokens is None:
             max_step_tokens = getattr(model, "step_tokens", None)
         elif max_step_tokens < 0:
@@ -65,15 +80,20 @@ class Session:
         max_step_tokens = max_step_tokens or None
         self.model, self.graph = model, g
         self.last_only, self.max_step_tokens = last_only, max_step_tokens
-        self.tokens = g.tensor(("s",), dt.int32, name="tokens")
-        self.cache_in = [(g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"k_cache{i}"),
-                          g.tensor(("c", c.n_kv_heads, c.head_dim), name=f"v_cache{i}")) for i in range(c.n_layers)]
-        logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only)
+        self.tokens = g.tensor(("s",) if batch is None else (self.batch, "s"), dt.int32, name="tokens")
+        self.cache_in = [(g.tensor(("c", *self._row), name=f"k_cache{i}"),
+                          g.tensor(("c", *self._row), name=f"v_cache{i}")) for i in range(c.n_layers)]
+        # Where each sequence starts (left padding): set by start_batch, zeros after reset.
+        self.starts = g.tensor((self.batch,), dt.int32, name="starts") if left_padding else None
+        logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only, starts=self.starts)
         self.logits = logits.output()
         # The greedy next token, computed in the graph: a greedy step reads it back (4 bytes), not the logits (a GPU
         # step would otherwise copy the whole vocabulary row to the host to argmax it there). Shaped (1,) like
-        # `tokens`, so that greedy decoding feeds it to the next step as it is, without the host.
-        self.greedy = logits[-1].argmax(keepdim=True).output()
+        # `tokens` ((b, 1) batched), so that greedy decoding feeds it to the next step as it is, without the host.
+        if batch is None:
+            self.greedy = logits[-1].argmax(keepdim=True).output()
+        else:
+            self.greedy = (logits if last_only else logits[:, -1]).argmax(-1, keepdim=True).output()
         self.cache_out = [(k.output(), v.output()) for k, v in new]
         t = time.perf_counter()
         g.compile(*(compilers if compilers is not None else [GenericCompiler(), CPUCompiler()]))
@@ -89,8 +109,7 @@ class Session:
     def _host_reservation(self, rows: int) -> int:
         """`rows` cache rows, or fewer where their address space would exceed half the physical memory (an
         anonymous shared map is charged in full against the commit limit when created, though unbacked)."""
-        c = self.model.config
-        row_bytes = 4 * len(self._cache_inputs) * c.n_kv_heads * c.head_dim
+        row_bytes = 4 * len(self._cache_inputs) * math.prod(self._row)
         try:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
@@ -100,18 +119,19 @@ class Session:
     def reset(self):
         """Starts a new sequence (the cache arrays are kept)."""
         self.length = 0
+        if self.starts is not None:
+            self.starts.set(np.zeros(self.batch, np.int32))
         if not self._caches:
             self._give_caches(self._capacity)
 
     def _give_caches(self, capacity: int, need: int = 0):
         """(Re)allocates the cache arrays with `capacity` rows (at least `need` where memory is short), keeping the
         first `length`, and donates them."""
-        c = self.model.config
         ins = self._cache_inputs
         # One anonymous memory map for all of them: its pages are zero until written, so only the rows in use take
         # memory (np.zeros would ask for huge pages, and one row written would make 2 MiB resident).
         while True:
-            shape = (len(ins), capacity, c.n_kv_heads, c.head_dim)
+            shape = (len(ins), capacity, *self._row)
             try:
                 self._map = mmap.mmap(-1, 4 * math.prod(shape))
                 break
@@ -149,27 +169,39 @@ class Session:
         self._resident = end
 
     def step(self, ids) -> np.ndarray:
-        """Feeds tokens after the cached ones; returns their logits (the last token's with last_only)."""
+        """Feeds tokens after the cached ones; returns their logits (the last token's with last_only). Batched: ids
+        (b, s), logits (b, vocab) with last_only, else (b, s, vocab)."""
         pieces = self._pieces(ids)
         out = []
         for piece in pieces:
             self._feed_step(piece)
             if not self.last_only or piece is pieces[-1]:
                 out.append(self.logits.numpy() if len(pieces) == 1 else self.logits.numpy().copy())
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        return out[0] if len(out) == 1 else np.concatenate(out, axis=0 if self.batch is None else 1)
 
-    def next_token(self, ids) -> int:
-        """Feeds tokens after the cached ones; returns the greedy next token (the argmax of the last logits row)."""
+    def next_token(self, ids):
+        """Feeds tokens after the cached ones; returns the greedy next token (the argmax of the last logits row),
+        or batched (ids (b, s)) the list of each sequence's."""
         self._feed(ids)
+        if self.batch is not None:
+            return self.greedy.numpy().reshape(-1).tolist()
         return int(self.greedy.numpy()[0])
 
     def _pieces(self, ids) -> list:
-        """The steps `ids` is fed in: one, or pieces of at most max_step_tokens."""
+        """The steps `ids` is fed in: one, or pieces of at most max_step_tokens (along the positions)."""
         if isinstance(ids, _core.DeviceArray):
             return [ids]
-        ids = np.asarray(ids, np.int32).reshape(-1)
-        m = self.max_step_tokens
-        return [ids] if m is None or len(ids) <= m else [ids[i:i + m] for i in range(0, len(ids), m)]
+        if self.batch is None:
+            ids = np.asarray(ids, np.int32).reshape(-1)
+        else:
+            ids = np.asarray(ids, np.int32)
+            if ids.ndim != 2 or ids.shape[0] != self.batch:
+                raise ValueError(f"a Session with batch={self.batch} takes tokens of shape ({self.batch}, s), got "
+                                 f"shape {ids.shape}")
+        m, n = self.max_step_tokens, ids.shape[-1]
+        if m is not None and self.batch is not None:
+            m = max(1, m // self.batch)  # (the bound counts the tokens of every sequence)
+        return [ids] if m is None or n <= m else [ids[..., i:i + m] for i in range(0, n, m)]
 
     def _feed(self, ids, wait: bool = True):
         """`ids`: token ids, or a step's `greedy` result as the backend holds it (a DeviceArray stays on the GPU).
@@ -178,7 +210,7 @@ class Session:
             self._feed_step(piece, wait)
 
     def _feed_step(self, ids, wait: bool = True):
-        n = ids.shape[0]
+        n = ids.shape[-1]
         if self.length + n > self._capacity:
             self._give_caches(max(2 * self._capacity, self.length + n), self.length + n)
         self._reserve(self.length + n)
@@ -197,6 +229,9 @@ class Session:
     def generate(self, prompt_ids, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int | None = None, stop_ids=()):
         """Yields new token ids; `self.stats` holds prefill and decode timings afterwards."""
+        if self.batch is not None:
+            raise ValueError(f"generate decodes one sequence; this Session has batch={self.batch}: use "
+                             "generate_batch")
         if temperature <= 0:
             yield from self._greedy(prompt_ids, max_new_tokens, stop_ids)
             return
@@ -218,32 +253,88 @@ class Session:
             self.stats["decode_tokens"] += 1
             self.stats["decode_s"] += time.perf_counter() - t
 
+    def generate_batch(self, prompts, max_new_tokens: int = 128, stop_ids=()) -> list[list[int]]:
+        """Greedy decoding of up to `batch` prompts at once (a Session made with `batch`; of one length unless made
+        with left_padding): returns
+        each prompt's new tokens, up to `max_new_tokens`, a list ending before its first stop token. Fewer prompts
+        than the batch are padded with copies of the last one (computed, then dropped). `self.stats` holds the
+        timings: decode_tokens counts steps, each a token of every sequence of the batch. Starts new sequences
+        (like reset)."""
+        if self.batch is None:
+            raise ValueError("generate_batch needs a Session made with batch=b; use generate for one sequence")
+        n = len(prompts)
+        ids = self.start_batch(prompts, "generate_batch")
+        out, done = [[] for _ in range(n)], [False] * n
+
+        def finished(toks) -> bool:  # every sequence has met a stop token (at this step or before)
+            return all(d or int(t) in stop_ids for d, t in zip(done, toks))
+
+        for toks in self._greedy_steps(ids, max_new_tokens, finished):
+            for i in range(n):
+                done[i] = done[i] or int(toks[i]) in stop_ids
+                if not done[i]:
+                    out[i].append(int(toks[i]))
+        return out
+
+    def start_batch(self, prompts, caller: str = "start_batch") -> np.ndarray:
+        """Starts new sequences (like reset) for up to `batch` prompts; returns the (batch, s) tokens to feed first:
+        the prompts, left-padded to the longest with a Session made with left_padding (which hides the padding),
+        and fewer prompts than the batch padded with copies of the last one."""
+        if self.batch is None:
+            raise ValueError(f"{caller} needs a Session made with batch=b")
+        prompts = [np.asarray(p, np.int32).reshape(-1) for p in prompts]
+        if not 1 <= len(prompts) <= self.batch:
+            raise ValueError(f"{caller}: got {len(prompts)} prompts for a Session with batch={self.batch}")
+        lengths = [len(p) for p in prompts]
+        if min(lengths) == 0 or (self.starts is None and len(set(lengths)) != 1):
+            raise ValueError(f"{caller}: the prompts must have one (nonzero) length, got lengths {lengths}"
+                             + ("" if min(lengths) == 0 else "; Session(left_padding=True) takes different lengths"))
+        prompts += [prompts[-1]] * (self.batch - len(prompts))
+        width = max(lengths)
+        self.reset()
+        if self.starts is not None:
+            starts = np.array([width - len(p) for p in prompts], np.int32)
+            self.starts.set(starts)
+            # The padding repeats a sequence's first token (any token would do: hidden from the sequence).
+            prompts = [np.concatenate([np.full(width - len(p), p[0], np.int32), p]) for p in prompts]
+        return np.stack(prompts)
+
     def _greedy(self, prompt_ids, max_new_tokens: int, stop_ids):
-        """Greedy decoding; on a backend that queues runs (a GPU), one step ahead: the step that feeds a token is
-        queued (its input that token as the device holds it) before the token is read, so the GPU goes from step to
-        step without waiting for the host. Each token yielded has been fed, as with sampling; a step fed the stop
-        token, or queued when the caller stops early, is forgotten (its cache row is written again later)."""
+        steps = self._greedy_steps(prompt_ids, max_new_tokens, lambda toks: int(toks[0]) in stop_ids)
+        try:
+            for toks in steps:
+                yield int(toks[0])
+        finally:
+            steps.close()  # (forgets a step queued ahead when the caller stops early)
+
+    def _greedy_steps(self, prompt_ids, max_new_tokens: int, stop):
+        """Greedy decoding, yielding each step's tokens (an array: one per sequence) until `stop(tokens)`; on a
+        backend that queues runs (a GPU), one step ahead: the step that feeds a token is queued (its input that
+        token as the device holds it) before the token is read, so the GPU goes from step to step without waiting
+        for the host. Each token yielded has been fed, as with sampling; a step fed the stop token, or queued when
+        the caller stops early, is forgotten (its cache row is written again later)."""
         ahead = self.graph.queues_runs
         t0 = time.perf_counter()
         self._feed(prompt_ids, wait=False)
-        self.stats = {"prefill_tokens": len(prompt_ids), "prefill_s": 0.0, "decode_tokens": 0, "decode_s": 0.0}
+        self.stats = {"prefill_tokens": np.shape(prompt_ids)[-1], "prefill_s": 0.0, "decode_tokens": 0,
+                      "decode_s": 0.0}
         pending, t_first = self._greedy_result(), t0
         for i in range(max_new_tokens + 1):
             queued = ahead and i < max_new_tokens
             if queued:
                 self._feed(pending, wait=False)
                 nxt = self._greedy_result()
-            tok = int((pending.numpy() if isinstance(pending, _core.DeviceArray) else pending)[0])  # waits for its step
+            toks = (pending.numpy() if isinstance(pending, _core.DeviceArray) else pending).reshape(-1)  # waits
             now = time.perf_counter()
             if i == 0:
                 self.stats["prefill_s"], t_first = now - t0, now
             else:
                 self.stats["decode_tokens"], self.stats["decode_s"] = i, now - t_first
-            if tok in stop_ids or i == max_new_tokens:
+            if stop(toks) or i == max_new_tokens:
                 self.length -= queued
                 return
             try:
-                yield tok
+                yield toks
             except GeneratorExit:
                 self.length -= queued
                 raise

@@ -24,7 +24,7 @@ from .. import _core
 from ..functional import arange, cat, where
 from ..graph import Graph
 from ..tensor import Tensor
-from .module import Embedding, Linear, Module, RMSNorm
+from .module import Embedding, Linear, Module, RMSNorm, _fmt_shape
 
 
 _HF_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
@@ -185,10 +185,12 @@ class Attention(Module):
             self.q_norm = RMSNorm(c.head_dim, c.rms_eps, graph)
             self.k_norm = RMSNorm(c.head_dim, c.rms_eps, graph)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots):
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots, batch=None):
         """x: (s, hidden); cos, sin: (s, d), sin with its first half negated (see swap_halves); mask: (s, p+s);
         k_cache, v_cache: (capacity, Hkv, d) whose first p rows hold the earlier positions; slots: the positions
-        p..p+s-1. Returns the output and the updated caches."""
+        p..p+s-1. Returns the output and the updated caches. With `batch` b: see `batched`."""
+        if batch is not None:
+            return self.batched(x, cos, sin, mask, k_cache, v_cache, slots, batch)
         c = self.c
         s = x.layout.shape[0]
         q = self.q_proj(x).reshape(s, c.n_heads, c.head_dim)
@@ -212,6 +214,40 @@ class Attention(Module):
         scores = scores.reshape(c.n_kv_heads, rep, s, t) + mask  # mask: 0 or -inf
         out = scores.softmax(-1).reshape(c.n_kv_heads, s * rep, t) @ vals
         out = out.reshape(c.n_heads, s, c.head_dim).transpose(0, 1).reshape(s, c.n_heads * c.head_dim)
+        return self.o_proj(out), k_cache, v_cache
+
+    def batched(self, x, cos, sin, mask, k_cache, v_cache, slots, b):
+        """b sequences at the same positions p..p+s-1: x (b*s, hidden), sequence by sequence; k_cache, v_cache
+        (capacity, b, Hkv, d). Position-major caches: a step's new keys are s whole rows, written by one Scatter
+        in place as unbatched; the other arguments as in forward."""
+        c = self.c
+        s, d = slots.layout.shape[0], c.head_dim
+        if cos.ndim == 3:  # each sequence's own positions (left padding): cos, sin (b, s, d), mask (b, s, p+s)
+            cos_q, sin_q = cos.unsqueeze(1), sin.unsqueeze(1)
+            cos_k, sin_k = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
+            mask = mask.unsqueeze(1).unsqueeze(1)
+        else:
+            cos_q, sin_q = cos, sin
+            cos_k, sin_k = cos.reshape(s, 1, 1, d), sin.reshape(s, 1, 1, d)
+        q = self.q_proj(x).reshape(b, s, c.n_heads, d)
+        k = self.k_proj(x).reshape(b, s, c.n_kv_heads, d)
+        v = self.v_proj(x).reshape(b, s, c.n_kv_heads, d)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.transpose(1, 2)  # (b, H, s, d)
+        q = q * cos_q + swap_halves(q) * sin_q
+        k = k.transpose(0, 1)  # (s, b, Hkv, d): the cache's row layout
+        k = k * cos_k + swap_halves(k) * sin_k
+        k_cache = k_cache.index_copy(0, slots, k)
+        v_cache = v_cache.index_copy(0, slots, v.transpose(0, 1))
+        t = mask.layout.shape[-1]  # p + s
+        keys, vals = k_cache[:t].permute(1, 2, 0, 3), v_cache[:t].permute(1, 2, 0, 3)  # (b, Hkv, p+s, d)
+        rep = c.n_heads // c.n_kv_heads
+        qg = q.reshape(b, c.n_kv_heads, s * rep, d)  # the query heads sharing a KV head, as unbatched
+        scores = (qg @ keys.transpose(2, 3)) * (1.0 / math.sqrt(d))
+        scores = scores.reshape(b, c.n_kv_heads, rep, s, t) + mask
+        out = scores.softmax(-1).reshape(b, c.n_kv_heads, s * rep, t) @ vals
+        out = out.reshape(b, c.n_heads, s, d).transpose(1, 2).reshape(b * s, c.n_heads * d)
         return self.o_proj(out), k_cache, v_cache
 
 
@@ -307,8 +343,8 @@ class TransformerBlock(Module):
         self.input_layernorm = RMSNorm(c.hidden, c.rms_eps, graph)
         self.post_attention_layernorm = RMSNorm(c.hidden, c.rms_eps, graph)
 
-    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots):
-        h, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots)
+    def forward(self, x, cos, sin, mask, k_cache, v_cache, slots, batch=None):
+        h, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, k_cache, v_cache, slots, batch)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x)), k, v
 
@@ -334,18 +370,42 @@ class Llama(Module):
         self.model = LlamaModel(c, self.graph, moe_form)
         self.lm_head = None if c.tie_word_embeddings else Linear(c.hidden, c.vocab_size, bias=False, graph=self.graph)
 
-    def forward(self, tokens: Tensor, caches, p="p", last_only: bool = False):
+    def forward(self, tokens: Tensor, caches, p="p", last_only: bool = False, starts: Tensor | None = None):
         """tokens: (s,) int32; caches: per layer (k, v) of shape (capacity, Hkv, d) whose first `p` rows (a symbolic
         dim) hold the positions before these tokens. Returns logits (s, vocab), or (1, vocab) for the last token
-        with `last_only`, and the updated caches (rows p..p+s-1 written)."""
+        with `last_only`, and the updated caches (rows p..p+s-1 written).
+
+        Batched: tokens (b, s), b sequences all at positions p..p+s-1, and caches (capacity, b, Hkv, d) (row i
+        holds position i of every sequence); logits (b, s, vocab), or (b, vocab) with `last_only`. The linear
+        layers see the b*s tokens as one matrix; only attention tells the sequences apart. `starts` (b,) int32: left
+        padding, sequence i's first real token is at cache row starts[i]; its positions count from there, and the
+        rows before it are hidden from it."""
         c, g = self.config, self.graph
-        s = tokens.layout.shape[0]
+        if tokens.ndim not in (1, 2):
+            raise ValueError(f"Llama: tokens must be (s,) or (batch, s), got shape {_fmt_shape(tokens.shape)}")
+        batch = tokens.layout.shape[0] if tokens.ndim == 2 else None
+        row = (c.n_kv_heads, c.head_dim) if batch is None else (batch, c.n_kv_heads, c.head_dim)
+        for i, pair in enumerate(caches):
+            for t in pair:
+                if t.ndim != len(row) + 1 or tuple(t.layout.shape[1:]) != tuple(_core.to_expr(n) for n in row):
+                    raise ValueError(f"Llama: layer {i}'s cache has shape {_fmt_shape(t.shape)}; tokens of shape "
+                                     f"{_fmt_shape(tokens.shape)} need (capacity, {', '.join(map(str, row))})")
+        if starts is not None and (batch is None or starts.ndim != 1 or
+                                   _core.to_expr(starts.layout.shape[0]) != _core.to_expr(batch)):
+            raise ValueError(f"Llama: starts of shape {_fmt_shape(starts.shape)} needs batched tokens of shape "
+                             f"(b, s) with b its length, got tokens of shape {_fmt_shape(tokens.shape)}")
+        s = tokens.layout.shape[-1]
+        if batch is not None:
+            tokens = tokens.reshape(-1)  # (b*s,): sequence by sequence
         p = _core.to_expr(p)
         # Rotary tables for positions p .. p+s-1 (HF's half-split layout).
         inv_freq = 1.0 / (c.rope_theta ** (np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim))
         self.inv_freq = g.tensor((c.head_dim // 2,), name="inv_freq").set(inv_freq.astype(np.float32))
         slots = arange(p, p + s, graph=g)
-        freqs = slots.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        if starts is None:
+            freqs = slots.float().unsqueeze(1) * self.inv_freq.unsqueeze(0)
+        else:  # (b, s, d/2): position 0 at each sequence's start
+            freqs = (slots.unsqueeze(0) - starts.unsqueeze(1)).float().unsqueeze(-1) * self.inv_freq
         cos = cat([freqs, freqs], -1).cos()  # (s, d)
         sin = cat([-freqs.sin(), freqs.sin()], -1)  # the sign of rotate_half folded in (see swap_halves)
         # Causal mask over the cache and the new tokens: key j is hidden from query i when j > p + i (and, in a
@@ -353,6 +413,9 @@ class Llama(Module):
         # layer's masking fuses into its softmax.
         keys = arange(0, p + s, graph=g).unsqueeze(0)
         hidden = keys.gt(slots.unsqueeze(1))
+        if starts is not None:  # (b, s, p+s): padding hidden, except from its own position (a query seeing no
+            # key would give a NaN row, and NaN keys and values in the cache)
+            hidden = hidden | (keys.lt(starts.reshape(-1, 1, 1)) & keys.ne(slots.unsqueeze(1)))
         mask = where(hidden, float("-inf"), 0.0)
         if any(c.is_sliding(i) for i in range(c.n_layers)):
             old = keys.le(slots.unsqueeze(1) - c.sliding_window)
@@ -360,9 +423,13 @@ class Llama(Module):
         x = self.model.embed_tokens(tokens)
         new_caches = []
         for i, (layer, (kc, vc)) in enumerate(zip(self.model.layers, caches)):
-            x, k, v = layer(x, cos, sin, window_mask if c.is_sliding(i) else mask, kc, vc, slots)
+            x, k, v = layer(x, cos, sin, window_mask if c.is_sliding(i) else mask, kc, vc, slots, batch)
             new_caches.append((k, v))
-        if last_only:
+        if batch is not None:
+            x = x.reshape(batch, s, c.hidden)
+            if last_only:
+                x = x[:, -1]
+        elif last_only:
             x = x[-1:]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -11,7 +11,7 @@ namespace luminal {
 size_t lower_matmuls(Graph& g);
 
 // SumReduce(last axis) of a MatMul (or Contraction) only it reads -> one Contraction over both reduced axes
-// (convolutions). Run after lower_matmuls; CPU only.
+// (convolutions). Run after lower_matmuls.
 size_t lower_contractions(Graph& g);
 
 // MatMul over a Dequant(raw rows) -> QMatMul (weights unpacked on the fly), and Gather(Dequant(raw)) ->

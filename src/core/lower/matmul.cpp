@@ -1,5 +1,5 @@
 // Matmul lowering: SumReduce over the last axis of a Mul becomes one MatMul op (a dot product per output element,
-// read straight through the operands' broadcast views); each backend picks its kernels for it. On the CPU, sums over
+// read straight through the operands' broadcast views); each backend picks its kernels for it. Sums over
 // further trailing axes of a MatMul fold into it as one Contraction (a convolution: channels x kernel window).
 #include "core/lower/lower.h"
 #include "core/rewrite.h"

@@ -18,7 +18,7 @@ class MatMulOp : public TypedOp<MatMulOp> {
 };
 
 // A MatMul whose reduced axis is several: SumReduce over the last `axes` axes of a Mul (a convolution sums over
-// channels and kernel window, which its input's overlapping window view cannot merge into one axis). CPU only.
+// channels and kernel window, which its input's overlapping window view cannot merge into one axis).
 class ContractionOp : public TypedOp<ContractionOp> {
  public:
   explicit ContractionOp(int n) : axes(n) {}

@@ -1,0 +1,437 @@
+#include "cuda/cublaslt.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <type_traits>
+
+#include "cuda/codegen.h"
+
+namespace luminal {
+namespace cuda {
+namespace {
+
+// cublasLt.h's types, declared here (no header needed to build): opaque handles, the algorithm (8 words) and a
+// heuristic's result, as laid out there.
+using Status = int;
+using LtHandle = struct LtContext*;
+using LtDesc = struct LtMatmulDesc*;
+using LtLayout = struct LtMatrixLayout*;
+using LtPref = struct LtPreference*;
+struct LtAlgo {
+  uint64_t data[8];
+};
+struct LtHeuristic {
+  LtAlgo algo;
+  size_t workspace;
+  Status state;
+  float waves;
+  int reserved[4];
+};
+// Enum values from cublasLt.h, library_types.h and cublas_api.h.
+enum : int {
+  CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14,  // cudaDataType
+  COMPUTE_32F = 68,                                  // cublasComputeType_t
+  OP_N = 0, OP_T = 1,                                // cublasOperation_t
+  DESC_TRANSA = 3, DESC_TRANSB = 4,                  // cublasLtMatmulDescAttributes_t
+  LAYOUT_BATCH_COUNT = 5, LAYOUT_BATCH_STRIDE = 6,   // cublasLtMatrixLayoutAttribute_t
+  PREF_MAX_WORKSPACE = 1, PREF_ALIGN_A = 5, PREF_ALIGN_B = 6, PREF_ALIGN_C = 7, PREF_ALIGN_D = 8,
+};
+
+struct Lt {
+  Status (*cublasLtCreate)(LtHandle*);
+  size_t (*cublasLtGetVersion)();
+  Status (*cublasLtMatmulDescCreate)(LtDesc*, int, int);
+  Status (*cublasLtMatmulDescSetAttribute)(LtDesc, int, const void*, size_t);
+  Status (*cublasLtMatrixLayoutCreate)(LtLayout*, int, uint64_t, uint64_t, int64_t);
+  Status (*cublasLtMatrixLayoutSetAttribute)(LtLayout, int, const void*, size_t);
+  Status (*cublasLtMatmulPreferenceCreate)(LtPref*);
+  Status (*cublasLtMatmulPreferenceSetAttribute)(LtPref, int, const void*, size_t);
+  Status (*cublasLtMatmulPreferenceDestroy)(LtPref);
+  Status (*cublasLtMatmulAlgoGetHeuristic)(LtHandle, LtDesc, LtLayout, LtLayout, LtLayout, LtLayout, LtPref, int,
+                                           LtHeuristic*, int*);
+  Status (*cublasLtMatmul)(LtHandle, LtDesc, const void*, const void*, LtLayout, const void*, LtLayout, const void*,
+                           const void*, LtLayout, void*, LtLayout, const LtAlgo*, void*, size_t, CUstream);
+};
+
+// cuBLASLt's own scratch: what it is allowed per call (split-k and stream-k algorithms use it).
+constexpr size_t kLtWorkspace = size_t(32) << 20;
+
+std::mutex mu;
+std::vector<std::string> dirs;
+bool tried = false;
+std::string error, opened;
+Lt lt{};
+
+const char* status_name(Status s) {
+  switch (s) {
+    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case 7: return "CUBLAS_STATUS_INVALID_VALUE";
+    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case 11: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case 16: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "unknown cuBLAS status";
+}
+
+void lt_check(Status s, const char* call) {
+  if (s) throw CudaError(std::string(call) + " failed: " + status_name(s) + " (" + std::to_string(s) + ")");
+}
+
+// Opens the library once (under mu); a failure is remembered as the reason.
+const Lt* load() {
+  if (tried) return error.empty() ? &lt : nullptr;
+  tried = true;
+  const char* names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"};
+  std::vector<std::string> cands;
+  if (const char* forced = std::getenv("LUMINAL_CUBLASLT")) {
+    cands.push_back(forced);  // the only candidate
+  } else {
+    for (auto& d : dirs)
+      for (auto n : names) cands.push_back(d + "/" + n);
+    for (const char* env : {"CUDA_HOME", "CUDA_PATH"})
+      if (const char* root = std::getenv(env))
+        for (auto n : names) cands.push_back(std::string(root) + "/lib64/" + n);
+    for (auto n : names) cands.push_back(n);
+  }
+  void* h = nullptr;
+  std::string tries;
+  for (auto& c : cands) {
+    if ((h = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL))) {
+      opened = c;
+      break;
+    }
+    const char* e = dlerror();
+    tries += "\n  " + c + ": " + (e ? e : "not found");
+  }
+  if (!h) {
+    error = "cannot open cuBLASLt (install the nvidia-cublas wheel, or set LUMINAL_CUBLASLT); tried:" + tries;
+    return nullptr;
+  }
+  auto bind = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+    if (!fn && error.empty()) error = opened + " lacks the entry point " + name;
+  };
+  bind(lt.cublasLtCreate, "cublasLtCreate");
+  bind(lt.cublasLtGetVersion, "cublasLtGetVersion");
+  bind(lt.cublasLtMatmulDescCreate, "cublasLtMatmulDescCreate");
+  bind(lt.cublasLtMatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
+  bind(lt.cublasLtMatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
+  bind(lt.cublasLtMatrixLayoutSetAttribute, "cublasLtMatrixLayoutSetAttribute");
+  bind(lt.cublasLtMatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
+  bind(lt.cublasLtMatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
+  bind(lt.cublasLtMatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
+  bind(lt.cublasLtMatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
+  bind(lt.cublasLtMatmul, "cublasLtMatmul");
+  return error.empty() ? &lt : nullptr;
+}
+
+const Lt* library() {
+  std::lock_guard<std::mutex> l(mu);
+  return load();
+}
+
+LtHandle handle() {
+  static LtHandle h = [] {
+    device();  // (its context current: cuBLASLt runs in it)
+    LtHandle x = nullptr;
+    lt_check(lt.cublasLtCreate(&x), "cublasLtCreate");
+    return x;
+  }();
+  return h;
+}
+
+int data_type(DType d) { return d == DType::F32 ? CUDA_R_32F : d == DType::F16 ? CUDA_R_16F : CUDA_R_16BF; }
+
+// The stride of axes [lo, hi) of a view read as one axis (the innermost moving axis's stride; 0 when none moves),
+// or -1 when they do not line up.
+int64_t merged_stride(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, size_t lo, size_t hi) {
+  int64_t stride = 0, span = -1;  // span: the next outer axis's stride if it continues the inner ones
+  for (size_t d = hi; d-- > lo;) {
+    if (shape[d] == 1) continue;
+    if (span < 0) stride = strides[d];
+    else if (strides[d] != span) return -1;
+    span = strides[d] * shape[d];
+  }
+  return stride;
+}
+
+// Side `s` read in place when it can be, over its [batch..., rows, K] view (batch axes merged into one stride, or with
+// `fold` into the rows).
+void place(BlasGemm::Side& s, int64_t rows, int64_t K, DType compute, bool fold) {
+  size_t n = s.shape.size();
+  s.copy = true;
+  if (s.dtype != compute) return;
+  int64_t sr = fold ? merged_stride(s.shape, s.strides, 0, n - 1) : s.strides[n - 2], sk = s.strides[n - 1];
+  int64_t bs = fold ? 0 : merged_stride(s.shape, s.strides, 0, n - 2);
+  if (sr < 0 || bs < 0) return;
+  if (sk == 1 || K == 1) {
+    s.k_major = true;
+    s.ld = rows == 1 ? K : sr;
+    if (s.ld < K) return;
+  } else if (sr == 1 || rows == 1) {
+    s.k_major = false;
+    s.ld = K == 1 ? rows : sk;
+    if (s.ld < rows) return;
+  } else {
+    return;
+  }
+  s.bstride = bs;
+  s.copy = false;
+}
+
+// The copy of a view into contiguous rows of another dtype: a block per row (its index unravelled once), threads
+// along k. Compiled on first use per pair of dtypes.
+struct View8 {
+  int64_t n[8], s[8];  // the row axes' sizes and strides, then k's stride (at rank - 1)
+};
+CUfunction copy_fn(DType from, DType to) {
+  static std::mutex m;
+  static std::map<std::pair<int, int>, CUfunction> fns;
+  std::lock_guard<std::mutex> l(m);
+  auto key = std::make_pair(int(from), int(to));
+  auto it = fns.find(key);
+  if (it != fns.end()) return it->second;
+  std::string src = std::string(prelude()) +
+                    "struct View8 { i64 n[8], s[8]; };\n"
+                    "extern \"C\" __global__ void copy_rows(i64 rows, i64 K, int rank, View8 v, const void* in, void* out) {\n"
+                    "  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n"
+                    "    i64 r = row, o = 0;\n"
+                    "    for (int d = rank - 2; d >= 0; --d) { i64 q = r / v.n[d]; o += (r - q * v.n[d]) * v.s[d]; r = q; }\n"
+                    "    for (i64 k = threadIdx.x; k < K; k += blockDim.x)\n"
+                    "      st_" + std::string(dtype_name(to)) + "(out, row * K + k, ld_" + dtype_name(from) +
+                    "(in, o + k * v.s[rank - 1]));\n  }\n}\n";
+  const Device& dev = device();
+  std::string cubin = compile_cubin(src, dev.major * 10 + dev.minor);
+  CUmodule mod;
+  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", "copy_rows");
+  CUfunction f;
+  check(driver().cuModuleGetFunction(&f, mod, "copy_rows"), "cuModuleGetFunction", "copy_rows");
+  fns[key] = f;
+  return f;
+}
+
+void copy_side(const BlasGemm::Side& s, DType to, CUdeviceptr in, CUdeviceptr out, CUstream stream) {
+  View8 v{};
+  int rank = int(s.shape.size());
+  int64_t K = s.shape.back(), rows = 1;
+  for (int d = 0; d + 1 < rank; ++d) {
+    v.n[d] = s.shape[size_t(d)];
+    v.s[d] = s.strides[size_t(d)];
+    rows *= s.shape[size_t(d)];
+  }
+  v.s[rank - 1] = s.strides.back();
+  in += CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));  // (the kernel's offsets then start at 0)
+  unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(device().sms) * 16)));
+  void* args[] = {&rows, &K, &rank, &v, &in, &out};
+  check(driver().cuLaunchKernel(copy_fn(s.dtype, to), grid, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
+        "cuLaunchKernel", "copy_rows");
+}
+
+// A product's descriptors and its algorithm (see prepare), per shape, layout and alignment (kept for the process: a
+// handful per model).
+struct Prepared {
+  LtDesc desc = nullptr;
+  LtLayout a = nullptr, b = nullptr, d = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
+  LtAlgo algo{};
+};
+
+unsigned alignment(CUdeviceptr p) {
+  unsigned al = 256;
+  while (al > 1 && p % al) al >>= 1;
+  return al;
+}
+
+// (Timing the candidates runs them on the call's own operands: pa, pb, out, ws on `stream`.)
+const Prepared& prepare(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr out, CUdeviceptr ws,
+                        CUstream stream) {
+  unsigned align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(out);
+  static std::mutex m;
+  static std::map<std::vector<int64_t>, Prepared> cache;
+  auto ld = [](const BlasGemm::Side& s, int64_t K) { return s.copy ? K : s.ld; };
+  auto km = [](const BlasGemm::Side& s) { return s.copy || s.k_major; };
+  auto bst = [](const BlasGemm::Side& s, int64_t rows, int64_t K, int64_t batch) {
+    return !s.copy ? s.bstride : batch > 1 && s.shape.size() > 2 ? rows * K : 0;
+  };
+  int64_t lda = ld(g.a, g.K), ldb = ld(g.b, g.K);
+  int64_t sa = bst(g.a, g.M, g.K, g.batch), sb = bst(g.b, g.N, g.K, g.batch);
+  bool ka = km(g.a), kb = km(g.b);
+  std::vector<int64_t> key{g.M, g.N, g.K, g.batch, int64_t(g.compute), int64_t(g.out), ka, kb, lda, ldb, sa, sb,
+                           align_a, align_b, align_d};
+  std::lock_guard<std::mutex> l(m);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  LtHandle h = handle();
+  Prepared p;
+  lt_check(lt.cublasLtMatmulDescCreate(&p.desc, COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+  // Column-major: out^T (N x M) = op(b) op(a)^T..., i.e. cuBLASLt's A is our b (N x K), its B our a^T (K x M).
+  int32_t ta = kb ? OP_T : OP_N, tb = ka ? OP_N : OP_T;
+  lt_check(lt.cublasLtMatmulDescSetAttribute(p.desc, DESC_TRANSA, &ta, sizeof ta), "cublasLtMatmulDescSetAttribute");
+  lt_check(lt.cublasLtMatmulDescSetAttribute(p.desc, DESC_TRANSB, &tb, sizeof tb), "cublasLtMatmulDescSetAttribute");
+  int ct = data_type(g.compute);
+  auto layout = [&](LtLayout* lay, int type, int64_t rows, int64_t cols, int64_t ldx, int64_t stride) {
+    lt_check(lt.cublasLtMatrixLayoutCreate(lay, type, uint64_t(rows), uint64_t(cols), ldx), "cublasLtMatrixLayoutCreate");
+    if (g.batch > 1) {
+      int32_t count = int32_t(g.batch);
+      lt_check(lt.cublasLtMatrixLayoutSetAttribute(*lay, LAYOUT_BATCH_COUNT, &count, sizeof count),
+               "cublasLtMatrixLayoutSetAttribute");
+      lt_check(lt.cublasLtMatrixLayoutSetAttribute(*lay, LAYOUT_BATCH_STRIDE, &stride, sizeof stride),
+               "cublasLtMatrixLayoutSetAttribute");
+    }
+  };
+  if (kb) layout(&p.a, ct, g.K, g.N, ldb, sb);
+  else layout(&p.a, ct, g.N, g.K, ldb, sb);
+  if (ka) layout(&p.b, ct, g.K, g.M, lda, sa);
+  else layout(&p.b, ct, g.M, g.K, lda, sa);
+  layout(&p.d, data_type(g.out), g.N, g.M, g.N, g.M * g.N);
+  LtPref pref = nullptr;
+  lt_check(lt.cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  uint64_t ws_max = kLtWorkspace;
+  uint32_t al[4] = {align_b, align_a, align_d, align_d};  // (cuBLASLt's A is our b)
+  Status s = lt.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE, &ws_max, sizeof ws_max);
+  for (int k = 0; k < 4 && !s; ++k)
+    s = lt.cublasLtMatmulPreferenceSetAttribute(pref, PREF_ALIGN_A + k, &al[k], sizeof al[k]);
+  // The heuristic's first algorithm, or (LUMINAL_CUDA_TUNE not 0) the fastest of its first 8 on these operands:
+  // its first was seen to be a slower kernel family than torch's for some of the 8B model's shapes.
+  const char* tune = std::getenv("LUMINAL_CUDA_TUNE");
+  LtHeuristic res[8] = {};
+  int found = 0;
+  if (!s) s = lt.cublasLtMatmulAlgoGetHeuristic(h, p.desc, p.a, p.b, p.d, p.d, pref, tune && std::string(tune) == "0" ? 1 : 8,
+                                                res, &found);
+  lt.cublasLtMatmulPreferenceDestroy(pref);
+  lt_check(s, "cublasLtMatmulAlgoGetHeuristic");
+  if (!found)
+    throw CudaError("cublasLtMatmulAlgoGetHeuristic found no algorithm for " + std::to_string(g.batch) + " x " +
+                    std::to_string(g.M) + " x " + std::to_string(g.N) + " x " + std::to_string(g.K));
+  p.algo = res[0].algo;
+  if (found > 1) {
+    const Driver& dr = driver();
+    CUevent ev[2] = {nullptr, nullptr};
+    float alpha = 1.0f, beta = 0.0f, best = 0, first = 0;
+    int pick = 0;
+    try {
+      for (auto& e : ev) check(dr.cuEventCreate(&e, 0), "cuEventCreate");
+      auto run = [&](const LtAlgo& al) {
+        return lt.cublasLtMatmul(h, p.desc, &alpha, reinterpret_cast<const void*>(pb), p.a,
+                                 reinterpret_cast<const void*>(pa), p.b, &beta, reinterpret_cast<const void*>(out), p.d,
+                                 reinterpret_cast<void*>(out), p.d, &al, reinterpret_cast<void*>(ws), kLtWorkspace,
+                                 stream);
+      };
+      for (int j = 0; j < found; ++j) {
+        if (res[j].state || res[j].workspace > kLtWorkspace || run(res[j].algo)) continue;  // (one that cannot run)
+        check(dr.cuEventRecord(ev[0], stream), "cuEventRecord");
+        for (int r = 0; r < 3; ++r) lt_check(run(res[j].algo), "cublasLtMatmul");
+        check(dr.cuEventRecord(ev[1], stream), "cuEventRecord");
+        check(dr.cuEventSynchronize(ev[1]), "cuEventSynchronize");
+        float ms = 0;
+        check(dr.cuEventElapsedTime(&ms, ev[0], ev[1]), "cuEventElapsedTime");
+        if (j == 0) first = ms;
+        if (!best || ms < best) best = ms, pick = j, p.algo = res[j].algo;
+      }
+    } catch (...) {
+      for (auto& e : ev) if (e) dr.cuEventDestroy(e);
+      throw;
+    }
+    for (auto& e : ev) dr.cuEventDestroy(e);
+    if (const char* t = std::getenv("LUMINAL_CUDA_TUNE_LOG"); t && *t && std::string(t) != "0")
+      std::fprintf(stderr, "luminal tune: cuBLASLt %lld x %lld x %lld x %lld: algorithm %d of %d, %.4f ms (the first: %.4f)\n",
+                   (long long)g.batch, (long long)g.M, (long long)g.N, (long long)g.K, pick, found, best / 3,
+                   first / 3);
+  }
+  return cache.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+void set_cublas_dirs(const std::vector<std::string>& d) {
+  std::lock_guard<std::mutex> l(mu);
+  dirs = d;
+}
+
+std::string blas_unavailable_reason() {
+  std::lock_guard<std::mutex> l(mu);
+  load();
+  return error;
+}
+
+std::string blas_path() {
+  const Lt* L = library();
+  return L ? opened + " (version " + std::to_string(L->cublasLtGetVersion()) + ")" : "";
+}
+
+bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs, DType out, DType compute,
+               BlasGemm* g) {
+  size_t r = a.shape.size();
+  if ((compute != DType::BF16 && compute != DType::F16) || (out != DType::F32 && out != compute)) return false;
+  if (!is_float(as) || !is_float(bs) || r < 3 || r > 9 || b.shape.size() != r || a.masked || b.masked) return false;
+  if (a.strides[r - 2] != 0 || b.strides[r - 3] != 0 || !library()) return false;
+  BlasGemm G;
+  G.compute = compute;
+  G.out = out;
+  G.M = a.shape[r - 3], G.N = a.shape[r - 2], G.K = a.shape[r - 1];
+  for (size_t d = 0; d + 3 < r; ++d) G.batch *= a.shape[d];
+  if (G.M <= 0 || G.N <= 0 || G.K <= 0 || G.batch > INT32_MAX || G.M * G.batch > INT32_MAX || G.N > INT32_MAX ||
+      G.K > INT32_MAX)
+    return false;
+  auto side = [&](BlasGemm::Side& s, const ConcreteView& v, size_t drop, DType dt) {
+    s.dtype = dt;
+    s.offset = v.offset;
+    for (size_t d = 0; d < r; ++d)
+      if (d != drop) {
+        s.shape.push_back(v.shape[d]);
+        s.strides.push_back(v.strides[d]);
+      }
+  };
+  side(G.a, a, r - 2, as);
+  side(G.b, b, r - 3, bs);
+  // Weights shared by every batch (a Linear over [batch, tokens, features]): one product of batch x M rows.
+  bool shared = G.batch > 1 && merged_stride(G.b.shape, G.b.strides, 0, r - 3) == 0;
+  if (shared) {
+    G.M *= G.batch;
+    G.batch = 1;
+    G.b.shape.erase(G.b.shape.begin(), G.b.shape.end() - 2);
+    G.b.strides.erase(G.b.strides.begin(), G.b.strides.end() - 2);
+  }
+  place(G.a, G.M, G.K, compute, shared);
+  place(G.b, G.N, G.K, compute, false);
+  size_t at = 0;
+  for (BlasGemm::Side* s : {&G.a, &G.b})
+    if (s->copy) {
+      s->ws_offset = at;
+      int64_t n = 1;
+      for (int64_t x : s->shape) n *= x;
+      at += (size_t(n) * dtype_size(compute) + 255) / 256 * 256;
+    }
+  G.ws_bytes = at + kLtWorkspace;
+  *g = std::move(G);
+  return true;
+}
+
+void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream) {
+  if (!library()) throw CudaError(blas_unavailable_reason());
+  auto operand = [&](const BlasGemm::Side& s, CUdeviceptr p) {
+    if (!s.copy) return p + CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));
+    copy_side(s, g.compute, p, ws + s.ws_offset, stream);
+    return ws + s.ws_offset;
+  };
+  CUdeviceptr pa = operand(g.a, a), pb = operand(g.b, b);
+  size_t copies = g.ws_bytes - kLtWorkspace;
+  const Prepared& p = prepare(g, pa, pb, out, ws + copies, stream);
+  float alpha = 1.0f, beta = 0.0f;
+  lt_check(lt.cublasLtMatmul(handle(), p.desc, &alpha, reinterpret_cast<const void*>(pb), p.a,
+                             reinterpret_cast<const void*>(pa), p.b, &beta, reinterpret_cast<const void*>(out), p.d,
+                             reinterpret_cast<void*>(out), p.d, &p.algo, reinterpret_cast<void*>(ws + copies),
+                             kLtWorkspace, stream),
+           "cublasLtMatmul");
+}
+
+}  // namespace cuda
+}  // namespace luminal

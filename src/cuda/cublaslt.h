@@ -1,0 +1,53 @@
+// cuBLASLt as one GEMM variant of a MatMul step (Variant::Blas): opened at run time with dlopen, like NVRTC, through
+// our own declarations of the few entry points used, and never required: without the library the variant simply
+// does not apply (`blas_unavailable_reason` says why).
+//
+// A step's product is out[z, m, n] = sum_k a[z, m, k] * b[z, n, k] over the kernel's views [batch..., M, N, K]
+// (a does not move along n, b not along m), out contiguous. cuBLASLt reads an operand in place when it is stored in
+// the compute dtype with unit stride along k (or along its rows: a transposed operand) and one batch stride;
+// otherwise the operand is first copied, rounded to the compute dtype, into the runtime's workspace (the rounding
+// the tensor-core kernels do while staging).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/plan.h"
+#include "cuda/api.h"
+
+namespace luminal {
+namespace cuda {
+
+// Library search: `set_cublas_dirs` takes the folders Python found (the nvidia-cublas wheels); LUMINAL_CUBLASLT
+// forces a path; then the system loader (libcublasLt.so.13, .12, .so).
+void set_cublas_dirs(const std::vector<std::string>& dirs);
+std::string blas_unavailable_reason();  // "" when cuBLASLt opened (then blas_path() names it)
+std::string blas_path();
+
+// How cuBLASLt runs one step's product under the current dims (made on the host by blas_plan).
+struct BlasGemm {
+  int64_t M = 0, N = 0, K = 0, batch = 1;  // out: batch x M x N, contiguous rows
+  DType compute = DType::BF16, out = DType::F32;
+  struct Side {
+    DType dtype = DType::F32;             // as stored
+    int64_t offset = 0;                   // of the view, in elements
+    bool copy = false;                    // copied into the workspace as contiguous [batch, rows, K] (compute dtype)
+    std::vector<int64_t> shape, strides;  // copy: the view over [batch..., rows, K]
+    bool k_major = true;                  // in place: unit stride along k (else along the rows)
+    int64_t ld = 0, bstride = 0;          // in place: the other stride, and the batch stride
+    size_t ws_offset = 0;                 // copy: where in the workspace
+  } a, b;
+  size_t ws_bytes = 0;  // workspace: the copies, then cuBLASLt's own scratch
+};
+
+// The product of views `a`, `b` (kernel order [batch..., M, N, K]) with storage dtypes `as`, `bs` into an output of
+// `out` dtype, as cuBLASLt runs it; false when it cannot (library missing, dtypes, shapes past its limits).
+bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs, DType out, DType compute,
+               BlasGemm* g);
+// Runs it on `stream` (a's and b's buffers and the output; `ws`: at least g.ws_bytes). Raises CudaError naming the
+// failing call and its status.
+void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream);
+
+}  // namespace cuda
+}  // namespace luminal
