@@ -618,6 +618,11 @@ def run_contexts(key, args, bw):
                 hf(torch.tensor([long], device="cuda"), **last)
 
         lp = prefill_ms(lum_prefill, args.reps)
+        if args.profile:  # one prefill with every kernel synchronised: where the time goes (stderr)
+            os.environ["LUMINAL_PROFILE"] = "1"
+            print(f"-- profile of one {key} prefill of {n} tokens (LUMINAL_PROFILE=1)", flush=True)
+            lum_prefill()
+            del os.environ["LUMINAL_PROFILE"]
         tp = float("nan") if args.luminal_only else prefill_ms(torch_prefill, args.reps)
         print(f"prefill {n:5d} tokens: luminal {lp:8.1f} ms, torch eager {tp:8.1f} ms: {tp / lp:.2f}x", flush=True)
     del s, hf
@@ -748,7 +753,8 @@ def main():
     p.add_argument("--decode", type=int, default=256)
     p.add_argument("--prefill", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--profile", action="store_true", help="print the time per op kind of one decode step")
+    p.add_argument("--profile", action="store_true",
+                   help="print the time per op kind of one decode step (and of each --prefills prefill)")
     p.add_argument("--reps", type=int, default=3, help="timed decode runs per engine (medians are printed)")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
     p.add_argument("--luminal-only", action="store_true",
