@@ -90,14 +90,15 @@ def hf_model(c: LlamaConfig, seed: int):
     return m
 
 
-def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int):
+def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int = 1):
     model = Llama(c)
     params = dict(model.named_parameters())
     for name, p in hf.named_parameters():
         if name in params:
             params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
     t = time.perf_counter()
-    s = Session(model, [GenericCompiler(), lm.CudaCompiler(dtype)], capacity=capacity)  # (the peer's cache size)
+    s = Session(model, [GenericCompiler(), lm.CudaCompiler(dtype)], capacity=capacity,  # (the peer's cache size)
+                batch=batch)
     return s, time.perf_counter() - t
 
 
@@ -431,14 +432,7 @@ def run_batches(key, args, bw):
     rows = []
     for b in batches:
         prompts = rng.integers(0, c.vocab_size, (b, 32))
-        model = Llama(c)
-        params = dict(model.named_parameters())
-        for name, p in hf.named_parameters():
-            if name in params:
-                params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
-        t = time.perf_counter()
-        s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=capacity, batch=b)
-        compile_s = time.perf_counter() - t
+        s, compile_s = luminal_session(c, hf, "bfloat16", capacity, batch=b)
         s.generate_batch(prompts, args.decode)  # warm-up: kernels, plans, graphs
         if step is not None:
             t = time.perf_counter()
@@ -468,7 +462,7 @@ def run_batches(key, args, bw):
               f"{100 * wb * steps_per_s / bw:.1f}% of copy bw; compile {compile_s:.1f} s), torch.compile {peer:8.1f} "
               f"tok/s" + ("" if step is None else f" (first use {peer_s:.1f} s)") + f": {lum / peer:.2f}x{agree}",
               flush=True)
-        del s, model, params
+        del s
         gc.collect()  # (this batch's copy of the weights)
         torch.cuda.empty_cache()
     print(f"\n== {key} batched decode (tok/s summed over the batch, {args.decode} tokens after 32-token prompts)")
