@@ -2,8 +2,9 @@
 the unfused path (scores, softmax, weighted values as three kernels) and torch's scaled_dot_product_attention, on
 Llama-3-8B's attention shape (32 query heads, 8 KV heads, head dim 128), inputs in float32 as a luminal graph computes
 them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch: the median of --reps, timed with
-events) per shape. Decode rows also time the SIMT flash kernel in place of the decode kernel
-(LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
+events) per shape. Prefill rows also time the tensor-core kernel without its masked-tile skipping
+(LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma in place of flash-mma-skip); decode rows the SIMT flash kernel in place of
+the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
 (LUMINAL_CUDA_ATTENTION_CHUNK).
 
     PYTHONPATH=python python3 benchmarks/attention_gpu.py [--prefill 512,2048] [--decode 128,4096,8192] [--reps 20]
@@ -94,7 +95,8 @@ def row(L, S, reps, causal, chunks=()):
     bq, bk, bv = tq.bfloat16(), tk.bfloat16(), tv.bfloat16()
     t16 = time_torch(lambda: TF.scaled_dot_product_attention(bq, bk, bv, is_causal=causal, enable_gqa=True), reps)
     flops = 4 * H * L * S * D / (2 if causal else 1)
-    simt = f"  simt flash {time_with({'LUMINAL_CUDA_FLASH_DECODE': '0'}, L, S, reps, causal):8.3f} ms" if L == 1 else ""
+    simt = f"  simt flash {time_with({'LUMINAL_CUDA_FLASH_DECODE': '0'}, L, S, reps, causal):8.3f} ms" if L == 1 else \
+        f"  no skip {time_with({'LUMINAL_CUDA_FLASH_MMA_SKIP': '0'}, L, S, reps, causal):8.3f} ms"
     print(f"L={L:5d} S={S:5d} causal={int(causal)}  luminal {fused:8.3f} ms ({flops / fused / 1e9:6.1f} TFLOP/s)  "
           f"unfused {unfused:8.3f} ms{simt}  torch f32 {t32:8.3f} ms  torch bf16 {t16:8.3f} ms  rel.err {err:.1e}",
           flush=True)

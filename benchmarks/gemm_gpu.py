@@ -8,11 +8,17 @@ float32 models compute): our kernels round x to bf16 while staging, cuBLASLt's v
 workspace first; torch's peer for those rows is (x * 2).bfloat16() @ w.T, and in brackets the same with a float32
 output (torch.mm's out_dtype).
 
+Rows under 16 (a batched decode step's Linear; --m 1,2,8,32) add a column "rows16": the runtime as it was before
+GEMM variants applied to 2-15 rows (LUMINAL_CUDA_GEMM_MIN_ROWS=16: the matrix-vector kernel, a weight read per row);
+"tuned" then times the GEMM variants against that kernel (one row: the matrix-vector kernel, never timed), and
+"own" is the 64-row tensor-core tiles.
+
 Times are GPU time per run: the sum of the run's kernels (CUDA kernel activity through torch.profiler, --reps runs),
 so the element-wise x * 2 and cuBLASLt's copy count; Nx is torch's time over luminal's; err luminal's relative L2
 error against torch's result.
 
     PYTHONPATH=python python3 benchmarks/gemm_gpu.py [--m 512,2048,8192] [--kn 4096x4096,...] [--x bf16,f32]
+    PYTHONPATH=python python3 benchmarks/gemm_gpu.py --m 1,2,8,32 --kn 4096x4096,4096x14336,14336x4096  # decode
 """
 from __future__ import annotations
 
@@ -52,10 +58,14 @@ def gpu_ms(fn, reps, table=False):
 
 
 def luminal_gemm(m, k, n, x, w, f32_act, mode):
-    if mode == "tuned":
+    # (both read when a run plans its products)
+    os.environ.pop("LUMINAL_CUDA_GEMM_MIN_ROWS", None)
+    if mode in ("tuned", "rows16"):
         os.environ.pop("LUMINAL_CUDA_GEMM", None)
     else:
-        os.environ["LUMINAL_CUDA_GEMM"] = mode  # (read when a run plans its products)
+        os.environ["LUMINAL_CUDA_GEMM"] = mode
+    if mode == "rows16":
+        os.environ["LUMINAL_CUDA_GEMM_MIN_ROWS"] = "16"
     cx = lm.Graph()
     a = cx.tensor((m, k), dtype="float32" if f32_act else "bfloat16").set(lm.cuda.from_torch(x))
     # (float32 weights kept in bf16: these bf16 values as they are; bf16 weights: a bf16 product)
@@ -83,7 +93,7 @@ def row(m, k, n, xk, reps, show=False):
     want = peer().float()
     fl = 2 * m * k * n / 1e9
     cells = []
-    for mode in MODES:
+    for mode in MODES + (("rows16",) if m < 16 else ()):
         cx, o = luminal_gemm(m, k, n, xin, w, f32_act, mode)
         cx.execute()  # (compile, upload, plan; tuned: the timing of the variants)
         got = torch.from_numpy(o.numpy()).cuda().float()
@@ -94,6 +104,7 @@ def row(m, k, n, xk, reps, show=False):
         cells.append(f"{mode} {t:7.3f} ms {fl / t:4.0f} TF {t_torch / t:4.2f}x (err {err:.0e})")
         del cx, o
     os.environ.pop("LUMINAL_CUDA_GEMM", None)
+    os.environ.pop("LUMINAL_CUDA_GEMM_MIN_ROWS", None)
     print(f"GEMM {m:5d}x{k:5d}x{n:5d} x={xk:4s} torch {t_torch:7.3f} ms {fl / t_torch:4.0f} TF{extra} | "
           + " | ".join(cells), flush=True)
 

@@ -90,7 +90,7 @@ def hf_model(c: LlamaConfig, seed: int):
     return m
 
 
-def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int = 1):
+def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int | None = None):
     model = Llama(c)
     params = dict(model.named_parameters())
     for name, p in hf.named_parameters():

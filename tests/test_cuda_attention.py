@@ -15,7 +15,7 @@ import torch.nn.functional as TF
 
 import luminal as lm
 import luminal.nn.functional as F
-from helpers import FLOATS, TORCH, check, compare, needs_cuda
+from helpers import FLOATS, TORCH, check, compare, needs_cuda, needs_nvrtc
 
 
 def _sdpa(mask_kind=None, gqa=False):
@@ -164,7 +164,7 @@ def test_printed_kernels():
     kinds = _variants(lm_fn, [(1, 4, "s", 64), (1, 2, "t", 64), (1, 2, "t", 64)])
     # One attention step: flash on tensor cores first, then the SIMT flash kernel, the block-per-row fallback last.
     att = [k for k in kinds if "attention" in k]
-    assert len(att) == 1 and att[0] == ["flash-mma", "flash-decode", "flash", "attention"], kinds
+    assert len(att) == 1 and att[0] == ["flash-mma-skip", "flash-mma", "flash-decode", "flash", "attention"], kinds
     assert not any("mma" in k or "tiled" in k for k in kinds), kinds  # no separate score / value products
     kinds = _variants(_scaled_softmax, [(3, 21, 16), (3, 45, 16), (3, 45, 8)])
     assert ["attention"] in kinds and not any("flash" in k for k in kinds), kinds
@@ -202,7 +202,7 @@ def test_llama_attention_is_one_kernel(rng):
     s.reset()
     s.step(rng.integers(0, cfg.vocab_size, (3,)))  # (compiles; runs the CUDA lowering on the CPU kernels)
     kinds = [[k for k, _ in vs] for _, vs, _ in comp.schedule.kernels()]
-    want = [["flash-mma", "flash-decode", "flash", "attention"]] * cfg.n_layers
+    want = [["flash-mma-skip", "flash-mma", "flash-decode", "flash", "attention"]] * cfg.n_layers
     assert [k for k in kinds if "attention" in k] == want, kinds
 
 
@@ -217,3 +217,209 @@ def test_flash_attention_flag():
         cx.compile(lm.GenericCompiler(), comp)
         kinds = [k for _, vs, _ in comp.schedule.kernels() for k, _ in vs]
         assert ("flash-decode" in kinds) == fused and ("attention" in kinds) == fused, kinds
+
+
+# ---- the tensor-core kernels run on the host (no GPU needed) --------------------------------------------------------
+# The printed flash-mma kernels compiled as C++ (test_cuda_conv.py's emulation: a thread per CUDA thread, mma.sync
+# through shared fragments), with warp shuffles, __syncthreads_or and ldmatrix.trans emulated through shared arrays
+# between block barriers (the kernels call them in uniform control flow). What CI can check of their indexing, the
+# skipped tiles and the float32 16-byte staging beyond NVRTC's compile.
+_HOST_ATTN = r"""
+#include <cmath>
+struct float4 { float x, y, z, w; };
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float op_exp2(float x) { return std::exp2(x); }
+template <class T> inline T op_max(T acc, T x) { return (std::isnan(x) || x > acc) ? x : acc; }
+template <class T> inline T rd_float32(T v) { return (T)(float)v; }
+inline unsigned pack_bfloat16(float lo, float hi) { return unsigned(f32_bf16(lo)) | (unsigned(f32_bf16(hi)) << 16); }
+static float SH[1024];
+static int ANY, SKIPS;  // (votes that no thread has a score: tiles skipped)
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  int t = threadIdx.x;
+  SH[t] = v;
+  __syncthreads();
+  float r = SH[(t & ~31) | ((t & 31) ^ m)];
+  __syncthreads();
+  return r;
+}
+inline int __syncthreads_or(int v) {
+  if (threadIdx.x == 0) ANY = 0;
+  __syncthreads();
+  if (v) { std::lock_guard<std::mutex> l(atomics); ANY = 1; }
+  __syncthreads();
+  int r = ANY;
+  __syncthreads();
+  if (threadIdx.x == 0 && !r) ++SKIPS;
+  return r;
+}
+static const u16* LP[1024];
+// ldmatrix.m8n8.x4.trans: lane l gives row l & 7 of matrix l >> 3; lane l receives, of each matrix transposed, row
+// l >> 2, columns (l & 3) * 2, + 1.
+inline void ldsm_x4_trans_host(unsigned* d, const u16* row) {
+  int t = threadIdx.x, w = t & ~31, l = t & 31;
+  LP[t] = row;
+  __syncthreads();
+  for (int m = 0; m < 4; ++m) {
+    const u16 *r0 = LP[w + m * 8 + (l & 3) * 2], *r1 = LP[w + m * 8 + (l & 3) * 2 + 1];
+    d[m] = unsigned(r0[l >> 2]) | (unsigned(r1[l >> 2]) << 16);
+  }
+  __syncthreads();
+}
+"""
+
+_HOST_ATTN_MAIN = r"""
+int main(int argc, char** argv) {
+  i64 np, nin, nout, G[3];
+  FILE* f = std::fopen(argv[1], "rb");
+  std::fread(&np, 8, 1, f); std::fread(&nin, 8, 1, f); std::fread(&nout, 8, 1, f); std::fread(G, 8, 3, f);
+  std::vector<i64> p(np), sizes(nin);
+  std::fread(p.data(), 8, np, f); std::fread(sizes.data(), 8, nin, f);
+  std::vector<std::vector<char>> in(4);
+  for (i64 k = 0; k < nin; ++k) { in[k].resize(sizes[k]); std::fread(in[k].data(), 1, sizes[k], f); }
+  std::fclose(f);
+  std::vector<float> out(nout, 12345.0f);
+  int err = 0;
+  launch(G[0], G[1], G[2], 256, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), nullptr); });
+  f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
+  std::printf("%d\n", SKIPS);
+}
+"""
+
+
+def _attention_on_host(fn, arrays, kind, vecs, tmp_path):
+    """Runs the Attention step of fn(*inputs) (q, k, v, mask: graph inputs) through its printed `kind` kernel on the
+    host, with the runtime's parameters (Runtime::applies: rows sharing k and v, one key range), once per value of
+    the 16-byte staging flag in `vecs`; the outputs, flat, and the tiles skipped in each run."""
+    import re
+    import subprocess
+    from test_cuda_conv import _HOST_CUDA, _HOST_MAIN
+
+    cx = lm.Graph()
+    ins = [cx.tensor(a.shape).set(a) for a in arrays]
+    fn(*ins).output()
+    comp = lm.CudaCompiler("bfloat16", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    array_of = {t.id: a for t, a in zip(ins, arrays)}
+    (aid,) = [i for i in g.topo_order() if g.node(i).name == "Attention"]
+    (variants,) = [vs for nid, vs, _ in comp.schedule.kernels() if nid == aid]
+    name = dict(variants)[kind]
+    text = dict(comp.schedule.kernel_texts)[name]
+    text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); }", text, flags=re.S)
+    text = re.sub(r'asm volatile\("ldmatrix.*?smem_u32\((&Vs\[.*?\])\)\)\);', r"ldsm_x4_trans_host(Bv, \1);", text,
+                  flags=re.S)
+    assert "asm" not in text, text
+    node = g.node(aid)
+    assert len(node.inputs) == len(arrays) == 4
+    params, data, views = [aid, 0, 0, 0], [], []
+    for e in node.inputs:  # (the arrays in the graph's input order: the attention's edges name the same nodes)
+        src = g.node(e.node)
+        assert src.op == "Input" and comp.schedule.storage_dtype(e.node) == "float32", (src.op, src.name)
+        a = array_of[e.node]
+        shape, strides = [int(s) for s in e.view.shape], [int(s) for s in e.view.strides]
+        views.append((shape, strides))
+        params += [int(e.view.offset), a.size] + shape + strides
+        data.append(np.ascontiguousarray(a, np.float32).tobytes())
+    (qs, qst), (ks, kst), (vs, vst) = views[:3]
+    rq, rv = len(qs), len(vs)
+    params[2] = T = qs[rq - 2]
+    D, N = qs[rq - 1], vs[rv - 2]
+
+    def shared_rows(shape, strides, nrow):
+        c = 1
+        for d in reversed(range(nrow)):
+            if strides[d] != 0 and shape[d] != 1:
+                break
+            c *= shape[d]
+        return c
+    rows = int(np.prod(qs[:rq - 2]))
+    Tq = int(np.gcd(shared_rows(ks, kst, rq - 2), shared_rows(vs, vst, rv - 2)))
+    B = rows // Tq
+    params += [D, N, Tq, B, 1, T, 0]
+    grid = [(Tq + 127) // 128, B, 1]
+    src = (_HOST_CUDA + _HOST_ATTN + text + _HOST_MAIN[:_HOST_MAIN.index("int main")]
+           + _HOST_ATTN_MAIN.replace("MAIN", name))
+    (tmp_path / "k.cpp").write_text(src)
+    from test_cuda_conv import _host_compiler
+    r = subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-pthread", "-o", str(tmp_path / "k"),
+                        str(tmp_path / "k.cpp")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:3000]
+    outs, skips = [], []
+    for vec in vecs:
+        params[-1] = int(vec)
+        head = [len(params), len(data), rows * N, *grid]
+        (tmp_path / "in.bin").write_bytes(np.array(head + params + [len(d) for d in data], np.int64).tobytes() +
+                                          b"".join(data))
+        r = subprocess.run([str(tmp_path / "k"), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
+                           capture_output=True, text=True)
+        outs.append(np.fromfile(tmp_path / "out.bin", np.float32))
+        skips.append(int(r.stdout))
+    return outs, skips
+
+
+def _llama_fn(hkv, rep, s, t, d):
+    def fn(q, cache_k, cache_v, mask):
+        keys, vals = cache_k.transpose(0, 1), cache_v.transpose(0, 1)
+        scores = (q.reshape(hkv, s * rep, d) @ keys.transpose(1, 2)) * (1.0 / d ** 0.5)
+        return (scores.reshape(hkv, rep, s, t) + mask).softmax(-1).reshape(hkv, s * rep, t) @ vals
+    return fn
+
+
+# (KV heads, query heads per KV head, new tokens s, cached tokens p, head size, mask). Causal masks with an offset
+# (p > 0); "causal" with 1 query head per KV head and p = 0 leaves the first row block's last tiles masked whole (the
+# skip); "middle" hides keys 64-127 (the second tile) from every row and keys 0-63 from some; row counts not a
+# multiple of 128 and key counts not a multiple of 64 throughout.
+HOST_CASES = {
+    "causal": (1, 1, 160, 0, 64, "causal"),
+    "causal-gqa-offset": (2, 3, 50, 37, 32, "causal"),
+    "middle": (1, 2, 70, 100, 64, "middle"),
+    "head-40": (1, 4, 35, 30, 40, "causal"),  # (a head size off the tiles' 16s: padded to 48)
+}
+
+
+def _host_case(case, gen_data):
+    """q, k, v and the additive mask of HOST_CASES[case], and the function."""
+    hkv, rep, s, p, d, mk = HOST_CASES[case]
+    t = p + s
+    q, k, v = (gen_data(sh) for sh in ((hkv * rep, s, d), (t, hkv, d), (t, hkv, d)))
+    i, j = np.arange(s)[:, None], np.arange(t)[None, :]
+    hide = j > p + i
+    if mk == "middle":
+        hide = hide | ((j >= 64) & (j < 128)) | ((j < 64) & (i % 3 == 0) & (i >= 28))
+    return _llama_fn(hkv, rep, s, t, d), [q, k, v, np.where(hide, -np.inf, 0.0).astype(np.float32)]
+
+
+@pytest.mark.parametrize("case,dtype,fallback", [(c, "bfloat16", False) for c in HOST_CASES] +
+                         [("causal-gqa-offset", "float16", False), ("middle", "bfloat16", True)])
+def test_flash_mma_masks(backend, rng, monkeypatch, case, dtype, fallback):
+    """The tensor-core kernels (on a GPU: flash-mma-skip, or with LUMINAL_CUDA_FLASH_MMA_SKIP=0 the flash-mma kernel)
+    against torch: causal masks with offsets, tiles masked whole for some row blocks or in the middle, GQA."""
+    if fallback:
+        monkeypatch.setenv("LUMINAL_CUDA_FLASH_MMA_SKIP", "0")
+    fn, arrays = _host_case(case, rng.data)
+    check(fn, fn, arrays=arrays, dtype=dtype, backend=backend, rng=rng, name=f"flash-mma {case}", tol_scale=2)
+
+
+@pytest.mark.parametrize("case,kind", [(c, "flash-mma-skip") for c in HOST_CASES] + [("middle", "flash-mma")])
+def test_flash_mma_on_the_host(case, kind, tmp_path):
+    from test_cuda_conv import _host_compiler
+    if needs_nvrtc() is not None or not _host_compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    gen = np.random.default_rng(1)
+    # (operands exactly representable in bfloat16: only P's rounding and the sums' order differ from torch)
+    fn, arrays = _host_case(case, lambda sh: torch.from_numpy(gen.standard_normal(sh).astype(np.float32))
+                            .to(torch.bfloat16).float().numpy())
+    want = fn(*map(torch.from_numpy, arrays)).numpy()
+    vecs = (0, 1) if HOST_CASES[case][4] % 4 == 0 else (0,)  # (the float4 staging, where the runtime takes it)
+    outs, skips = _attention_on_host(fn, arrays, kind, vecs, tmp_path)
+    for vec, got in zip(vecs, outs):
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
+    # Tiles masked for all of a block's rows: causal, the first row block's last tile; middle, the second tile of
+    # both row blocks.
+    assert skips == [{"causal": 1, "middle": 2}.get(case, 0) if kind == "flash-mma-skip" else 0] * len(vecs), skips

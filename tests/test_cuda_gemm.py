@@ -1,6 +1,8 @@
 """The CUDA backend's matrix products (src/cuda/codegen.cpp: the pipelined tensor-core GEMM, gemm_kernel, 128 x 128
 or 64 x 64 tiles for 16-byte aligned rows; the older tensor-core kernel, mma_kernel, for other rows; the float32 tiled
-kernel): parity with torch on every backend at shapes off the tiles' edges, and the variants a linear layer gets."""
+kernel): parity with torch on every backend at shapes off the tiles' edges, and the variants a linear layer gets;
+cuBLASLt and the choice by timing (GPU only), with 2-15 rows (batched decode) against the matrix-vector kernel; the
+copy of cuBLASLt's operands into its workspace (NVRTC, and on the host as C++)."""
 from __future__ import annotations
 
 import os
@@ -233,3 +235,205 @@ def test_gemm_env_rejects_unknown(monkeypatch):
     cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
     with pytest.raises(ValueError, match="LUMINAL_CUDA_GEMM must be 'cublas' or 'own'"):
         cx.execute()
+
+
+# ---- few rows (batched decode): the GEMM variants timed against the matrix-vector kernel --------------------------
+@pytest.mark.parametrize("m", [2, 3, 8, 15])
+def test_gemm_few_rows(gemm, rng, m):
+    """2-15 rows (a batched decode step's Linear): cuBLASLt forced, our kernels (the 64-row tiles, mostly empty) or
+    the timed choice among them and the matrix-vector kernel; K and N off every tile's edge."""
+    k, n = 72, 136
+    check(_linear, _linear, shapes=[(m, k), (n, k)], dtype="bfloat16", backend=CUDA, rng=rng, name=f"{gemm} m={m}",
+          domain="small", tol_scale=4, atol=0.25)
+
+
+@pytest.mark.parametrize("batch", [2, 5, 8])
+def test_gemm_batched_decode(gemm, rng, batch):
+    """[batch, 1, features] @ w^T, float32 activations (as a model's): cuBLASLt folds the batch into one product of
+    `batch` rows, its operand copied (rounded) into the workspace."""
+    k, n = 64, 96
+    x = rng.data((batch, 1, k)).astype(np.float32)
+    w = (rng.data((n, k)) / k ** 0.5).astype(np.float32)
+    cx = lm.Graph()
+    xa, wa = cx.tensor((batch, 1, k)).set(x), cx.tensor((n, k)).set(w)
+    y = ((xa * 2.0) @ wa.transpose(0, 1)).output()
+    cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
+    cx.execute()
+    want = (torch.from_numpy(x) * 2).bfloat16().float() @ torch.from_numpy(w).bfloat16().float().T
+    np.testing.assert_allclose(y.numpy(), want.numpy(), rtol=2e-2, atol=3e-2, err_msg=f"{gemm} batch {batch}")
+
+
+def test_gemm_one_row_not_timed(gemm, rng, monkeypatch, capfd):
+    """A single row (decode) keeps the matrix-vector kernel, never timed nor forced onto cuBLASLt; 8 rows are timed
+    (tuned: a log line naming the matrix-vector kernel among the candidates)."""
+    monkeypatch.setenv("LUMINAL_PROFILE", "1")
+    monkeypatch.setenv("LUMINAL_CUDA_TUNE_LOG", "1")
+    k, n = 88, 120  # (a shape no other test times: its choice is logged once per process)
+    check(_linear, _linear, shapes=[(1, k), (n, k)], dtype="bfloat16", backend=CUDA, rng=rng, name=f"{gemm} m=1",
+          domain="small", tol_scale=4, atol=0.25)
+    err = capfd.readouterr().err
+    ran = {line.split()[0].split("/")[-1] for line in err.splitlines() if line.startswith("MatMul/")}
+    assert ran == {"gemv"} and "luminal tune" not in err, err
+    check(_linear, _linear, shapes=[(8, k), (n, k)], dtype="bfloat16", backend=CUDA, rng=rng, name=f"{gemm} m=8",
+          domain="small", tol_scale=4, atol=0.25)
+    err = capfd.readouterr().err
+    if gemm == "tuned":
+        assert "luminal tune: MatMul" in err and "gemv" in err.split("luminal tune: MatMul")[1], err
+
+
+# ---- the operand copy into cuBLASLt's workspace (cublaslt.cpp copy_rows, copy_rows8) ------------------------------
+COPY_PAIRS = [("float32", "bfloat16"), ("float32", "float16"), ("float16", "bfloat16"), ("bfloat16", "float16"),
+              ("bfloat16", "bfloat16")]
+
+
+def test_copy_kernels_compile():
+    """The copy kernels of every pair of dtypes compile with NVRTC (no GPU needed)."""
+    if needs_nvrtc():
+        pytest.skip(needs_nvrtc())
+    for arch in (80, 90):
+        for f, t in COPY_PAIRS:
+            lm.cuda.compile_source(lm._core.cuda_prelude() + lm._core.cublas_copy_source(f, t), arch)
+
+
+COPY_CASES = [  # (shape [rows..., K], strides, offset in elements, from, vec expected)
+    ((7, 40), (40, 1), 0, "float32", True),  # contiguous: one row of 280
+    ((5, 13), (13, 1), 4, "float32", True),  # one row of 65: a scalar tail of 1, an aligned start past 0
+    ((3, 5, 24), (200, 32, 1), 4, "float32", True),  # padded rows, 16-byte aligned: 15 rows of 24
+    ((2, 4, 16), (128, 16, 1), 0, "float32", True),  # batch and rows merged: 2 rows of 64
+    ((3, 5, 24), (200, 32, 1), 2, "float32", False),  # start 8 bytes off: element by element
+    ((4, 20), (24, 1), 0, "float32", False),  # K not a multiple of 8 over several rows
+    ((6, 16), (1, 6), 0, "float32", False),  # transposed (unit stride along the rows)
+    ((2, 3, 1, 33), (99, 33, 7, 1), 0, "float32", True),  # a size-1 axis: one row of 198
+    ((1, 5), (5, 1), 4, "float32", True),  # shorter than one chunk: the tail alone
+    ((9, 17), (17, 1), 0, "float16", True),  # 16-bit storage: one row of 153, a tail of 1
+    ((5, 32), (40, 1), 8, "bfloat16", True),  # 16-bit rows of 40 (80 bytes), start 16 bytes in
+    ((5, 32), (36, 1), 0, "bfloat16", False),  # rows 72 bytes apart: not all 16-byte aligned
+    ((4, 24), (48, 2), 0, "bfloat16", False),  # k strided
+]
+
+_COPY_HOST = r"""
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+typedef long long i64;
+typedef unsigned short u16;
+struct D3 { unsigned x, y, z; };
+D3 threadIdx, blockIdx, blockDim, gridDim;
+struct uint4 { unsigned x, y, z, w; };
+#define __global__
+inline float bits_f32(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline void aligned16(const void* p) { if (uintptr_t(p) % 16) { std::fprintf(stderr, "unaligned 16-byte access\n"); std::abort(); } }
+inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
+inline float ld_bfloat16(const void* b, i64 o) { return bits_f32(unsigned(((const u16*)b)[o]) << 16); }
+inline float ld_float16(const void* b, i64 o) { return (float)((const _Float16*)b)[o]; }
+inline u16 f32_bf16(float f) {
+  unsigned x; std::memcpy(&x, &f, 4);
+  x += 0x7fffu + ((x >> 16) & 1u);
+  return u16(x >> 16);
+}
+inline u16 f32_f16(float f) { _Float16 h = (_Float16)f; u16 u; std::memcpy(&u, &h, 2); return u; }
+template <class T> void st_bfloat16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_bf16((float)v); }
+template <class T> void st_float16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_f16((float)v); }
+inline void ld8_float32(const void* b, i64 o, float* x) { aligned16((const float*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_float32(b, o + j); }
+inline void ld8_bfloat16(const void* b, i64 o, float* x) { aligned16((const u16*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_bfloat16(b, o + j); }
+inline void ld8_float16(const void* b, i64 o, float* x) { aligned16((const u16*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_float16(b, o + j); }
+inline unsigned pack_bfloat16(float lo, float hi) { return f32_bf16(lo) | unsigned(f32_bf16(hi)) << 16; }
+inline unsigned pack_float16(float lo, float hi) { return f32_f16(lo) | unsigned(f32_f16(hi)) << 16; }
+"""
+
+_COPY_MAIN = r"""
+int main(int argc, char** argv) {
+  i64 h[24];  // vec, rows, K, rank, n[8], s[8], gx, gy, in bytes, offset bytes
+  FILE* f = std::fopen(argv[1], "rb");
+  std::fread(h, 8, 24, f);
+  std::vector<char> raw(size_t(h[22]) + 64);
+  char* in = raw.data() + (16 - uintptr_t(raw.data()) % 16) % 16;  // (a 16-byte aligned base, as cuMemAlloc's)
+  std::fread(in, 1, size_t(h[22]), f);
+  std::fclose(f);
+  View8 v;
+  for (int d = 0; d < 8; ++d) v.n[d] = h[4 + d], v.s[d] = h[12 + d];
+  std::vector<uint4> out(size_t(h[1] * h[2] + 7) / 8 + 1);
+  gridDim = {unsigned(h[20]), unsigned(h[21]), 1};
+  blockDim = {256, 1, 1};
+  for (unsigned y = 0; y < gridDim.y; ++y)
+    for (unsigned x = 0; x < gridDim.x; ++x)
+      for (unsigned t = 0; t < 256; ++t) {
+        blockIdx = {x, y, 0};
+        threadIdx = {t, 0, 0};
+        if (h[0]) copy_rows8(h[1], h[2], int(h[3]), v, in + h[23], out.data());
+        else copy_rows(h[1], h[2], int(h[3]), v, in + h[23], out.data());
+      }
+  f = std::fopen(argv[2], "wb");
+  std::fwrite(out.data(), 2, size_t(h[1] * h[2]), f);
+  std::fclose(f);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def copy_program(tmp_path_factory):
+    """The host build of the copy kernels per pair of dtypes, compiled once for the module."""
+    from test_cuda_conv import _host_compiler
+
+    if not _host_compiler():
+        pytest.skip("needs a host C++ compiler")
+    built = {}
+
+    def get(src, to):
+        if (src, to) not in built:
+            d = tmp_path_factory.mktemp(f"copy_{src}_{to}")
+            (d / "k.cpp").write_text(_COPY_HOST + lm._core.cublas_copy_source(src, to) + _COPY_MAIN)
+            subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-o", str(d / "k"), str(d / "k.cpp")],
+                           check=True, capture_output=True)
+            built[src, to] = d / "k"
+        return built[src, to]
+
+    return get
+
+
+@pytest.mark.parametrize("case", range(len(COPY_CASES)))
+def test_copy_kernels_on_the_host(case, tmp_path, copy_program):
+    """copy_rows / copy_rows8 compiled as C++ for the host (a loop over blocks and threads; the 16-byte loads check
+    their alignment) with blas_copy_layout's launch: every element of the view, in order, rounded as torch rounds,
+    for odd lengths, unaligned starts and rows, strided and transposed views."""
+    shape, strides, offset, src, vec_expected = COPY_CASES[case]
+    sms = 2  # (a small GPU: grid-stride loops over rows and chunks take several turns)
+    td = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    size = torch.finfo(td[src]).bits // 8
+    span = offset + 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    base = torch.from_numpy(np.random.default_rng(case).standard_normal(span).astype(np.float32)).to(td[src])
+    view = torch.as_strided(base, shape, strides, offset)
+    vec, rows, K, rank, n, s, grid = lm._core.cublas_copy_layout(list(shape), list(strides), offset * size, src, sms)
+    assert vec == vec_expected and rows * K == view.numel(), (vec, rows, K)
+    raw = base.view(torch.int16 if size == 2 else torch.int32).numpy().tobytes()
+    for to in ("bfloat16", "float16"):
+        head = [int(vec), rows, K, rank, *n, *s, *grid, len(raw), offset * size]
+        (tmp_path / "in.bin").write_bytes(np.array(head, np.int64).tobytes() + raw)
+        subprocess.run([str(copy_program(src, to)), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
+        got = np.fromfile(tmp_path / "out.bin", np.int16)
+        want = view.float().to(td[to]).contiguous().view(torch.int16).numpy().ravel()
+        np.testing.assert_array_equal(got, want, err_msg=f"{shape} {strides} +{offset} {src} -> {to}")
+
+
+def test_gemm_shared_operand_copy(gemm, rng):
+    """q, k and v of one float32 activation (cuBLASLt: one copy of it read by the three products when they run one
+    after another), over two runs with new activations (a copy is never kept from one run to the next), at 8 rows
+    (batched decode) and 40."""
+    k, n = 64, (96, 32, 48)
+    ws = [(rng.data((m, k)) / k ** 0.5).astype(np.float32) for m in n]
+    for rows in (8, 40):
+        cx = lm.Graph()
+        x = cx.tensor((rows, k))
+        h = x * 2.0
+        outs = [(h @ cx.tensor((m, k)).set(w).transpose(0, 1)).output() for m, w in zip(n, ws)]
+        cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
+        for run in range(2):
+            xs = rng.data((rows, k)).astype(np.float32)
+            x.set(xs)
+            cx.execute()
+            hb = (torch.from_numpy(xs) * 2).bfloat16().float()
+            for o, w in zip(outs, ws):
+                want = (hb @ torch.from_numpy(w).bfloat16().float().T).numpy()
+                np.testing.assert_allclose(o.numpy(), want, rtol=2e-2, atol=3e-2, err_msg=f"{gemm} {rows} run {run}")

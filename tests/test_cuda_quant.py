@@ -1,16 +1,21 @@
 """Quantised matrix products on the CUDA backend (QMatMul over GGUF Q8_0, Q4_0, Q4_1 rows): the Q8_0 kernels for a
-few rows (decode, `qgemv`) and for many (prefill on tensor cores, `qmma`), and the warp-per-output kernel every
-other case takes, against numpy's float64 product with the dequantised weights. On the `cuda` backend each test
+few rows (decode: `qdot`, int8 activations and __dp4a, else `qgemv`, float32) and for many (prefill on tensor cores,
+`qmma`), and the warp-per-output kernel every other case takes, against numpy's float64 product with the
+dequantised weights (`qdot`: with the activations quantised as the kernel does, so the check stays tight). On the `cuda` backend each test
 also asserts (through LUMINAL_PROFILE's per-kernel lines) which kernel ran; `cuda-nvrtc` compiles every kernel
 without a GPU (its values come from the CPU kernels, which quantise decode activations: a loose check)."""
 from __future__ import annotations
+
+import os
+import re
+import subprocess
 
 import numpy as np
 import pytest
 
 import luminal as lm
 from conftest import BACKENDS
-from helpers import as_dtype
+from helpers import as_dtype, needs_nvrtc
 from luminal.compiler import QuantizedLowering, QuantizedStacking
 from luminal.quant import QuantizedWeight, dequantize
 
@@ -51,13 +56,40 @@ def kernel_of(qtype: str, rows: int, dtype: str) -> str:
     if qtype != "Q8_0":
         return "warps"
     if rows <= 4:
-        return "qgemv"
+        return "qdot"
     return "qmma" if dtype != "float32" else "warps"
 
 
-def expected(x, vals, qtype, rows, dtype):
-    """float64 x @ vals.T; the tensor-core kernel rounds the activations to the compute dtype first."""
-    if kernel_of(qtype, rows, dtype) == "qmma":
+def quantize_rows(x):
+    """float32 rows (..., K) as int8 blocks of 32 and their scales, as q8_quantize (and the CPU's quantize_q8) does:
+    d = max|a| / 127, q = a * (1 / d) rounded to nearest even, every step in float32."""
+    b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(-1) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return np.rint(b * inv[..., None]).astype(np.int8), d.astype(np.float32)
+
+
+def q8_parts(raw, k):
+    """A Q8_0 weight's int8 quants (n, blocks, 32) and float32 scales (n, blocks) from its raw rows."""
+    blocks = np.ascontiguousarray(raw).reshape(len(raw), k // 32, 34)
+    return blocks[..., 2:].copy().view(np.int8), blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def expected_dp4a(x, raw, k):
+    """float64 sum over blocks of d_w * d_x * (integer dot product of the blocks' quants)."""
+    qx, dx = quantize_rows(x)
+    qw, dw = q8_parts(raw, k)
+    dots = np.einsum("...bi,nbi->...nb", qx.astype(np.int64), qw.astype(np.int64))
+    return (dots * dx[..., None, :].astype(np.float64) * dw.astype(np.float64)).sum(-1)
+
+
+def expected(x, vals, qtype, rows, dtype, raw=None):
+    """float64 x @ vals.T; the tensor-core kernel rounds the activations to the compute dtype first; qdot quantises
+    them to int8 blocks (`raw`: the weight's packed rows)."""
+    kernel = kernel_of(qtype, rows, dtype)
+    if kernel == "qdot" and raw is not None:
+        return expected_dp4a(x, raw, vals.shape[1])
+    if kernel == "qmma":
         x = as_dtype(x, dtype)
     return x.astype(np.float64) @ vals.astype(np.float64).T
 
@@ -99,7 +131,7 @@ def test_qmatmul_symbolic_rows(backend, qtype, dtype, k, rng, monkeypatch, capfd
         x = rng.data((rows, k)).astype(np.float32)
         xt.set(x)
         run_checked(g, backend, monkeypatch, capfd, [kernel_of(qtype, rows, dtype)])
-        close(y.numpy(), expected(x * np.float32(1.5), vals, qtype, rows, dtype), backend, rng)
+        close(y.numpy(), expected(x * np.float32(1.5), vals, qtype, rows, dtype, raw), backend, rng)
 
 
 @pytest.mark.parametrize("rows", [1, 9])
@@ -114,7 +146,7 @@ def test_q8_batched_rows(backend, rows, rng, monkeypatch, capfd):
     y = ((xt * 1.5) @ w.T).output()
     g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
     run_checked(g, backend, monkeypatch, capfd, [kernel_of("Q8_0", 2 * rows, "bfloat16")])
-    close(y.numpy(), expected(x * np.float32(1.5), vals, "Q8_0", 2 * rows, "bfloat16"), backend, rng)
+    close(y.numpy(), expected(x * np.float32(1.5), vals, "Q8_0", 2 * rows, "bfloat16", raw), backend, rng)
 
 
 @pytest.mark.parametrize("rows", [1, 66])
@@ -130,17 +162,17 @@ def test_q8_stacked_weights(backend, rows, rng, monkeypatch, capfd):
     for j, n in enumerate((41, 7, 24)):
         raw, v = random_blocks(rng.gen, "Q8_0", n, k)
         outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)), name=f"w{j}").T).output())
-        vals.append(v)
+        vals.append((v, raw))
     g.compile(lm.GenericCompiler(), QuantizedLowering(), QuantizedStacking(), *backend.compilers("float16"))
     run_checked(g, backend, monkeypatch, capfd, [kernel_of("Q8_0", rows, "float16")])
-    for o, v in zip(outs, vals):
-        close(o.numpy(), expected(x * np.float32(1.5), v, "Q8_0", rows, "float16"), backend, rng)
+    for o, (v, raw) in zip(outs, vals):
+        close(o.numpy(), expected(x * np.float32(1.5), v, "Q8_0", rows, "float16", raw), backend, rng)
 
 
 @pytest.mark.parametrize("rows", [1, 20])
-def test_q8_unaligned_activations_fall_back(backend, rows, rng, monkeypatch, capfd):
-    """Activation rows that are not 16-byte aligned (a column slice at an odd offset) take the warp-per-output
-    kernel: same values."""
+def test_q8_unaligned_activations(backend, rows, rng, monkeypatch, capfd):
+    """Activation rows that are not 16-byte aligned (a column slice at an odd offset): qdot's quantising kernel reads
+    them element by element; more rows take the warp-per-output kernel (the tensor-core one loads float4s)."""
     n, k = 33, 64
     raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
     g = lm.Graph()
@@ -149,14 +181,15 @@ def test_q8_unaligned_activations_fall_back(backend, rows, rng, monkeypatch, cap
     xt = g.tensor((rows, k + 1), name="x").set(x)
     y = ((xt * 1.5)[:, 1:] @ w.T).output()
     g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
-    run_checked(g, backend, monkeypatch, capfd, ["warps"])
-    close(y.numpy(), x[:, 1:].astype(np.float64) * 1.5 @ vals.T, backend, rng)
+    run_checked(g, backend, monkeypatch, capfd, ["qdot" if rows <= 4 else "warps"])
+    want = expected_dp4a(x[:, 1:] * np.float32(1.5), raw, k) if rows <= 4 else x[:, 1:].astype(np.float64) * 1.5 @ vals.T
+    close(y.numpy(), want, backend, rng)
 
 
 @pytest.mark.parametrize("rows", [1, 20])
 def test_q8_weight_rows_2_byte_aligned(backend, rows, rng, monkeypatch, capfd):
     """Packed rows read through a view 2 bytes into a wider buffer (rows 2-byte but not 4-byte aligned, as every
-    other row of an odd number of blocks is): both Q8_0 kernels read blocks with 2-byte loads."""
+    other row of an odd number of blocks is): the Q8_0 kernels read blocks with 2-byte loads."""
     n, k = 45, 128
     raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
     wide = np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
@@ -167,5 +200,167 @@ def test_q8_weight_rows_2_byte_aligned(backend, rows, rng, monkeypatch, capfd):
     xt = g.tensor((rows, k), name="x").set(x)
     y = ((xt * 1.5) @ w.T).output()
     g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
-    run_checked(g, backend, monkeypatch, capfd, ["qgemv" if rows <= 4 else "qmma"])
-    close(y.numpy(), expected(x * np.float32(1.5), vals, "Q8_0", rows, "bfloat16"), backend, rng)
+    run_checked(g, backend, monkeypatch, capfd, ["qdot" if rows <= 4 else "qmma"])
+    close(y.numpy(), expected(x * np.float32(1.5), vals, "Q8_0", rows, "bfloat16", raw), backend, rng)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_q8_float_matvec_when_dp4a_off(backend, rows, rng, monkeypatch, capfd):
+    """LUMINAL_CUDA_Q8_DP4A=0 (comparison runs) leaves decode to the float32 kernel, qgemv, which keeps its exact
+    values (no activation quantisation); K of 130 blocks, 37 columns (its last pair has one)."""
+    n, k = 37, 4160
+    raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
+    monkeypatch.setenv("LUMINAL_CUDA_Q8_DP4A", "0")
+    g = lm.Graph()
+    w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
+    x = rng.data((rows, k)).astype(np.float32)
+    xt = g.tensor((rows, k), name="x").set(x)
+    y = ((xt * 1.5) @ w.T).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    run_checked(g, backend, monkeypatch, capfd, ["qgemv"])
+    close(y.numpy(), (x * np.float32(1.5)).astype(np.float64) @ vals.astype(np.float64).T, backend, rng)
+
+
+# ---- qdot's two kernels run on the host (no GPU): their printed CUDA compiled as C++ with the intrinsics emulated,
+# a thread per CUDA thread, the warp shuffles through a per-warp barrier; the values against quantize_rows. --------
+_HOST = r"""
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+typedef long long i64;
+typedef unsigned short u16;
+typedef unsigned char u8;
+struct D3 { unsigned x, y, z; };
+thread_local D3 threadIdx, blockIdx;
+D3 blockDim, gridDim;
+struct Barrier {
+  std::mutex m; std::condition_variable cv; int n = 1, count = 0, gen = 0;
+  void wait() {
+    std::unique_lock<std::mutex> l(m);
+    int g = gen;
+    if (++count == n) { count = 0; ++gen; cv.notify_all(); } else cv.wait(l, [&] { return g != gen; });
+  }
+} bar, wbar[32];
+inline void __syncthreads() { bar.wait(); }
+#define __global__
+#define __shared__ static
+#define __restrict__
+#define __launch_bounds__(...)
+inline void pdl_start() {}
+using std::min;
+struct int2 { int x, y; };
+inline int2 make_int2(int a, int b) { return {a, b}; }
+template <class T> T __ldg(const T* p) { return *p; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  unsigned long long v = x | ((unsigned long long)y << 32);
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned((v >> (8 * ((s >> (4 * i)) & 7))) & 255) << (8 * i);
+  return r;
+}
+inline int __dp4a(int a, int b, int c) {
+  for (int i = 0; i < 4; ++i) c += int((signed char)(a >> (8 * i))) * int((signed char)(b >> (8 * i)));
+  return c;
+}
+inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
+inline float f16_f32(u16 h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 1024), e - 25);
+  return h >> 15 ? -v : v;
+}
+inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
+inline void st_float32(void* b, i64 o, float v) { ((float*)b)[o] = v; }
+static double xbuf[1024];
+template <class T> T shfl_xor(T v, int o) {
+  int t = threadIdx.x;
+  xbuf[t] = double(v);
+  wbar[t / 32].wait();
+  T r = T(xbuf[t ^ o]);
+  wbar[t / 32].wait();
+  return r;
+}
+template <class T> T warp_sum(T v) { for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o); return v; }
+template <class T> T warp_max(T v) { for (int o = 16; o > 0; o >>= 1) v = std::max(v, shfl_xor(v, o)); return v; }
+template <class F> void launch(unsigned blocks, int threads, F f) {
+  bar.n = threads;
+  for (auto& b : wbar) b.n = 32;
+  gridDim = {blocks, 1, 1};
+  blockDim = {unsigned(threads), 1, 1};
+  for (unsigned x = 0; x < blocks; ++x) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < threads; ++t)
+      ts.emplace_back([&, t] { threadIdx = {unsigned(t), 0, 0}; blockIdx = {x, 0, 0}; f(); });
+    for (auto& t : ts) t.join();
+  }
+}
+std::vector<char> load(const char* path) {
+  FILE* f = std::fopen(path, "rb");
+  std::vector<char> v;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) v.insert(v.end(), buf, buf + n);
+  std::fclose(f);
+  return v;
+}
+"""
+
+
+def _host_compiler():
+    import shutil
+
+    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+
+
+@pytest.mark.parametrize("rows,n,k", [(2, 37, 4128), (1, 9, 96), (4, 6, 32)])
+def test_qdot_kernels_on_the_host(rows, n, k, rng, tmp_path):
+    """129 blocks (one warp's lanes take a second step; rows of 4,386 bytes: every other row only 2-byte aligned), 3
+    blocks (most lanes idle) and 1; 37 and 9 columns (the last group of 4 partly past N); grids smaller than the
+    work (grid-stride loops)."""
+    if needs_nvrtc() is not None or not _host_compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    raw, _ = random_blocks(rng.gen, "Q8_0", n, k)
+    x = rng.data((rows, k)).astype(np.float32)
+    x[0, :32] = 0.0  # (an all-zero block: scale 0, no division by it)
+    cx = lm.Graph()
+    xt = cx.tensor(x.shape, name="x").set(x)
+    (xt @ dequantize(cx, QuantizedWeight(raw, "Q8_0", (n, k))).T).output()
+    comp = lm.CudaCompiler("float32", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    ((nid, variants),) = [(i, vs) for i, vs, _ in comp.schedule.kernels() if vs[0][0] == "qdot"]
+    texts = dict(comp.schedule.kernel_texts)
+    (quant,) = [name for name, t in texts.items() if "__float2int_rn" in t]
+    node = g.node(nid)
+    params = [nid, rows * n, k, n]
+    for e in node.inputs:
+        buf = g.node(e.node)
+        size = x.size if buf.name == "x" else raw.size
+        params += [int(e.view.offset), size] + [int(s) for s in e.view.shape] + [int(s) for s in e.view.strides]
+    params += [0, n]  # (the weight's first output column, and N)
+    ws_bytes = rows * k + rows * (k // 32) * 4
+    main = f"""
+int main() {{
+  std::vector<i64> p = {{{", ".join(map(str, params))}}};
+  std::vector<char> x = load("x.bin"), w = load("w.bin"), ws({ws_bytes}, 0x55);
+  std::vector<float> out({rows * n}, 12345.0f);
+  int err = 0;
+  launch(2, 64, [&] {{ {quant}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
+  launch(3, 256, [&] {{ {variants[0][1]}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  std::fwrite(out.data(), 4, out.size(), f);
+  std::fclose(f);
+}}
+"""
+    dot = re.sub(r'asm volatile\("prefetch\.global\.L2.*?\);', ";", texts[variants[0][1]], flags=re.S)  # (hints)
+    (tmp_path / "k.cpp").write_text(_HOST + texts[quant] + dot + main)
+    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    (tmp_path / "w.bin").write_bytes(np.ascontiguousarray(raw).tobytes())
+    subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-pthread", "-o", str(tmp_path / "k"),
+                    str(tmp_path / "k.cpp")], check=True, capture_output=True)
+    subprocess.run([str(tmp_path / "k")], check=True, cwd=tmp_path)
+    got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(rows, n)
+    want = expected_dp4a(x, raw, k)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))

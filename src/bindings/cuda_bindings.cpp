@@ -62,6 +62,15 @@ void bind_cuda(py::module_& m) {
   m.def("cuda_set_cublas_dirs", &set_cublas_dirs, "Directories searched first for libcublasLt (the nvidia-cublas wheels).");
   m.def("cublas_unavailable_reason", &blas_unavailable_reason, "'' when cuBLASLt opened, else why not.");
   m.def("cublas_path", &blas_path, "The cuBLASLt library opened and its version ('' if none).");
+  m.def("cublas_copy_source", [](const std::string& from, const std::string& to) {
+    return blas_copy_source(dtype_from_name(from), dtype_from_name(to));
+  }, "The kernels copying a cuBLASLt operand into its workspace (NVRTC source without the prelude; tests).");
+  m.def("cublas_copy_layout", [](const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                                 uint64_t in_addr, const std::string& from, int sms) {
+    BlasCopy c = blas_copy_layout(shape, strides, in_addr, dtype_from_name(from), sms);
+    return py::make_tuple(c.vec, c.rows, c.K, c.rank, std::vector<int64_t>(c.n, c.n + 8),
+                          std::vector<int64_t>(c.s, c.s + 8), py::make_tuple(c.grid[0], c.grid[1]));
+  }, "How that copy is launched: (vec, rows, K, rank, sizes, strides, grid) (tests).");
   m.def("cuda_device", [] {
     const Device& d = device();
     return py::dict(py::arg("name") = d.name, py::arg("compute_capability") = d.major * 10 + d.minor,

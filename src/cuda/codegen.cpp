@@ -240,6 +240,34 @@ std::string params(const std::vector<std::string>& args) {
 
 std::string params(int nin) { return params(input_names(nin)); }
 
+// A warp's 32 x 32 share of a 64 x 64 tile (warp wm, wn of 2 x 2) over `bk` k held in shared memory as As[row][k]
+// and Bs[col][k] in the 16-bit type `ct`: mma.sync m16n8k16 into acc[2][4][4] (lane: g = lane / 4, q = 2 * (lane %
+// 4)).
+std::string warp_mma_tile(const std::string& ct, int bk) {
+  Text t;
+  t << "#pragma unroll\n"
+    << "    for (int kk = 0; kk < " << bk << "; kk += 16) {\n"
+    << "      unsigned af[2][4], bf[4][2];\n"
+    << "      for (int i = 0; i < 2; ++i) {\n"
+    << "        int r = wm * 32 + i * 16 + g;\n"
+    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
+    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
+    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
+    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
+    << "      for (int j = 0; j < 4; ++j) {\n"
+    << "        int c = wn * 32 + j * 8 + g;\n"
+    << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
+    << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
+    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
+    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
+       "\"r\"(bf[j][1]));\n"
+    << "    }\n";
+  return t.str();
+}
+
 // A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
 // operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
 // steps of 8 elements (16-byte loads) before the first multiply; weights are streamed past L1 (lds8). Leaves each
@@ -379,7 +407,8 @@ class Generator {
     t.replace(at, 4, name);
     size_t body = t.find(") {\n", at);
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
-    t.insert(body + 4, "  pdl_start();\n");  // first, in every kernel (see the prelude)
+    // first, in every kernel (see the prelude), unless it places it itself (q8_dp4a: L2 prefetches before it)
+    if (t.find("pdl_start();") == std::string::npos) t.insert(body + 4, "  pdl_start();\n");
     fns_ += t + "\n";
     mod_.kernels.emplace_back(name, t);
     return name;
@@ -422,6 +451,8 @@ class Generator {
   std::string q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr) const;
   std::string q8_matvec(const Step& st, const Node& n, int S);
   std::string q8_mma(const Step& st, const Node& n, int S);
+  std::string q8_quantize(const Step& st, const Node& n);
+  std::string q8_dp4a(const Step& st, const Node& n, int S);
   void matmul_fast_kernels(const Node& n, Step& st);
   std::string mma_kernel(const Node& n, const Step& st);
   Variant gemm_kernel(const Node& n, const Step& st, Variant::Kind kind);
@@ -431,7 +462,7 @@ class Generator {
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                        const std::string& aliases, const std::vector<std::string>& args, int DH, int W);
+                        const std::string& aliases, const std::vector<std::string>& args, int DH, int W, bool skip = false);
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -480,7 +511,9 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
       case Op::Sqrt: e = "op_sqrt(" + a + ")"; break;
       case Op::Recip: e = "(" + T + ")1 / " + a; break;
       case Op::Add: e = a + " + " + b; break;
-      case Op::Mul: e = a + " * " + b; break;
+      // Rounded on its own, as every primop is: NVRTC would otherwise contract a product and a following sum into
+      // one fma, whose single rounding moves results that feed floor() (nearest-neighbour indices).
+      case Op::Mul: e = (T == "double" ? "__dmul_rn(" : "__fmul_rn(") + a + ", " + b + ")"; break;
       case Op::Mod: e = "op_mod(" + a + ", " + b + ")"; break;
       case Op::LessThan: e = "(" + a + " < " + b + ") ? (" + T + ")1 : (" + T + ")0"; break;
       case Op::MaxReduce: e = "op_max(" + a + ", " + b + ")"; break;  // binary max: NaN wins, a on ties
@@ -961,25 +994,7 @@ std::string Generator::mma_kernel(const Node& n, const Step& st) {
     << "      }\n    }\n"
     << "    for (int j = 0; j < 16; ++j) { As[lr][lk + j] = " << cv << "(x[j]); Bs[lr][lk + j] = " << cv << "(y[j]); }\n"
     << "    __syncthreads();\n"
-    << "#pragma unroll\n"
-    << "    for (int kk = 0; kk < 32; kk += 16) {\n"
-    << "      unsigned af[2][4], bf[4][2];\n"
-    << "      for (int i = 0; i < 2; ++i) {\n"
-    << "        int r = wm * 32 + i * 16 + g;\n"
-    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
-    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
-    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
-    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
-    << "      for (int j = 0; j < 4; ++j) {\n"
-    << "        int c = wn * 32 + j * 8 + g;\n"
-    << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
-    << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
-    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
-    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
-    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
-    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
-    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), \"r\"(bf[j][1]));\n"
-    << "    }\n    __syncthreads();\n  }\n"
+    << warp_mma_tile(ct, 32) << "    __syncthreads();\n  }\n"
     << "  for (int i = 0; i < 2; ++i)\n    for (int j = 0; j < 4; ++j)\n      for (int e = 0; e < 4; ++e) {\n"
     << "        i64 m = m0 + wm * 32 + i * 16 + g + (e >> 1) * 8, nn = n0 + wn * 32 + j * 8 + q + (e & 1);\n"
     << "        if (m < M && nn < N) st_" << od << "(out, ((i64)blockIdx.z * M + m) * N + nn, acc[i][j][e]);\n      }\n}\n";
@@ -1110,26 +1125,7 @@ void Generator::contraction_step(Step& st, const Node& n, int axes) {
   t << "    }\n";
   if (mma) {
     std::string ct = compute_ == DType::BF16 ? "bf16" : "f16";
-    t << "#pragma unroll\n"
-      << "    for (int kk = 0; kk < " << BK << "; kk += 16) {\n"
-      << "      unsigned af[2][4], bf[4][2];\n"
-      << "      for (int i = 0; i < 2; ++i) {\n"
-      << "        int r = wm * 32 + i * 16 + g;\n"
-      << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
-      << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
-      << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
-      << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
-      << "      for (int j = 0; j < 4; ++j) {\n"
-      << "        int c = wn * 32 + j * 8 + g;\n"
-      << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
-      << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
-      << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
-      << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
-      << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
-      << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
-      << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
-         "\"r\"(bf[j][1]));\n"
-      << "    }\n    __syncthreads();\n  }\n";
+    t << warp_mma_tile(ct, BK) << "    __syncthreads();\n  }\n";
   } else {
     t << "#pragma unroll\n"
       << "    for (int kk = 0; kk < " << BK << "; ++kk) {\n"
@@ -1249,6 +1245,104 @@ std::string Generator::q8_matvec(const Step& st, const Node& n, int S) {
   return add_kernel(k.str());
 }
 
+// QDot's first kernel: the activation rows quantised to int8 blocks of 32 into the workspace, as the CPU backend's
+// decode does (simd.h quantize_q8_portable: d = max|a| / 127, q = a / d rounded to nearest even): the rows' quants
+// (rows x K bytes), then their scales (rows x K / 32 floats). A warp per block of 32, a lane per element.
+std::string Generator::q8_quantize(const Step& st, const Node& n) {
+  const ViewSlot& av = st.views[0];
+  int R = av.rank;
+  DType as = storage(n.inputs[0].node);
+  std::vector<std::string> idx = names("i", 0, R - 2), args = input_names(int(st.views.size()));
+  idx.insert(idx.end(), {"0", "k"});
+  args.push_back("ws");
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(args) << " {\n"
+    << "  int lane = threadIdx.x & 31;\n"
+    << "  i64 K = p[2], N = p[3], nb = K / 32;\n"
+    << "  if (N == 0) return;\n"
+    << "  i64 rows = p[1] / N, nw = ((i64)gridDim.x * blockDim.x) >> 5;\n"
+    << "  signed char* q = (signed char*)ws;\n  float* d = (float*)((char*)ws + rows * K);\n"
+    << "  for (i64 o = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; o < rows * nb; o += nw) {\n"
+    << "    i64 row = o / nb, k = o % nb * 32 + lane;\n"
+    << unravel(av, 0, R - 2, "row")
+    << "    float a = ld_" << dtype_name(as) << "(in0, " << ViewText{av}.offset(idx) << ");\n"
+    << "    float db = warp_max(fabsf(a)) / 127.0f, id = db != 0.0f ? 1.0f / db : 0.0f;\n"
+    << "    q[row * K + k] = (signed char)__float2int_rn(a * id);\n"
+    << "    if (lane == 0) d[o] = db;\n  }\n}\n";
+  return add_kernel(k.str());
+}
+
+// Q8_0 rows of few tokens (decode) in integer arithmetic against the activations q8_quantize left in the workspace:
+// a block of 8 warps per 4 output columns of one row (a group's rows in neighbouring blocks), the warps splitting K;
+// 4 lanes per 32-weight block (8 quants each: four 2-byte loads, as blocks are 34 bytes, joined into two words by
+// byte permutes), so a warp covers 8 blocks of each column per step and 2 steps are loaded before the first product.
+// Per lane and block: two __dp4a, then one float multiply-add by the two scales; float32 accumulation.
+std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
+  std::vector<std::string> args = input_names(int(st.views.size()));
+  args.push_back("ws");
+  Text k;
+  // (4 blocks per multiprocessor, 64 registers: more loads in flight)
+  k << "extern \"C\" __global__ __launch_bounds__(256, 4) void NAME" << params(args) << " {\n"
+    << "  __shared__ float part[8][4];\n"
+    << "  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, j = lane & 3;\n"
+    << "  i64 K = p[2], N = p[3], nb = K / 32, ng = (N + 3) / 4;\n"
+    << "  i64 rows = N ? p[1] / N : 0;\n"
+    << "  // Before waiting for the kernels before (pdl_start): the first item's weight rows prefetched into L2, so that\n"
+    << "  // streaming them overlaps the activations' quantisation (a hint only: L2 is coherent). (No return before it:\n"
+    << "  // the kernel after this one waits for this one only.)\n"
+    << "  if (blockIdx.x < rows * ng) {\n"
+    << "    i64 n0 = blockIdx.x / rows * 4, bytes = nb * 34;\n"
+    << "    const u8* r;\n";
+  for (int c = 0; c < 4; ++c)
+    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "r")
+      << "    for (i64 l = threadIdx.x * 128; l < bytes; l += blockDim.x * 128)\n"
+      << "      asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(r + l));\n";
+  k << "  }\n"
+    << "  pdl_start();\n"
+    << "  if (N == 0) return;\n"
+    << "  const int2* xq = (const int2*)ws;\n  const float* xd = (const float*)((const char*)ws + rows * K);\n"
+    << "  for (i64 it = blockIdx.x; it < rows * ng; it += gridDim.x) {\n"
+    << "    i64 row = it % rows, n0 = it / rows * 4;  // (a group's rows in neighbouring blocks: its weights from L2)\n"
+    << "    const u8* wr[4];\n";
+  for (int c = 0; c < 4; ++c)
+    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "wr[" + std::to_string(c) + "]");
+  k << "    const int2* x8 = xq + row * (K / 8);\n    const float* x1 = xd + row * nb;\n"
+    << "    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
+    << "    for (i64 b0 = w * 8 + (lane >> 2); b0 < nb; b0 += 128) {\n"
+    << "      int2 x[2];\n      float dx[2], dw[2][4];\n      int q[2][4][2];\n"
+    << "#pragma unroll\n"
+    << "      for (int u = 0; u < 2; ++u) {\n"
+    << "        i64 b = b0 + u * 64;\n"
+    << "        if (b < nb) {\n"
+    << "          x[u] = __ldg(x8 + b * 4 + j);\n          dx[u] = __ldg(x1 + b);\n"
+    << "#pragma unroll\n"
+    << "          for (int c = 0; c < 4; ++c) {\n"
+    << "            const u16* a = (const u16*)(wr[c] + b * 34);\n"
+    << "            dw[u][c] = f16_f32(__ldg(a));\n"
+    << "            q[u][c][0] = (int)__byte_perm(__ldg(a + 1 + 4 * j), __ldg(a + 2 + 4 * j), 0x5410);\n"
+    << "            q[u][c][1] = (int)__byte_perm(__ldg(a + 3 + 4 * j), __ldg(a + 4 + 4 * j), 0x5410);\n"
+    << "          }\n"
+    << "        } else {\n"
+    << "          x[u] = make_int2(0, 0);\n          dx[u] = 0.0f;\n"
+    << "          for (int c = 0; c < 4; ++c) dw[u][c] = 0.0f, q[u][c][0] = q[u][c][1] = 0;\n        }\n      }\n"
+    << "#pragma unroll\n"
+    << "      for (int u = 0; u < 2; ++u)\n"
+    << "#pragma unroll\n"
+    << "        for (int c = 0; c < 4; ++c)\n"
+    << "          acc[c] += dw[u][c] * dx[u] * (float)__dp4a(q[u][c][1], x[u].y, __dp4a(q[u][c][0], x[u].x, 0));\n"
+    << "    }\n"
+    << "#pragma unroll\n"
+    << "    for (int c = 0; c < 4; ++c) {\n"
+    << "      acc[c] = warp_sum(acc[c]);\n      if (lane == 0) part[w][c] = acc[c];\n    }\n"
+    << "    __syncthreads();\n"
+    << "    if (threadIdx.x < 4 && n0 + threadIdx.x < N) {\n"
+    << "      float s = 0.0f;\n"
+    << "      for (int v = 0; v < 8; ++v) s += part[v][threadIdx.x];\n"
+    << "      st_" << dtype_name(n.dtype) << "(out, row * N + n0 + threadIdx.x, s);\n    }\n"
+    << "    __syncthreads();\n  }\n}\n";
+  return add_kernel(k.str());
+}
+
 // Q8_0 rows of many tokens (prefill) on tensor cores: mma.sync m16n8k16 over 64 x 64 outputs per block of 4 warps,
 // k in steps of one block (32). The quants enter the 16-bit operand exactly (integers below 256); each step's
 // products are scaled by their weight row's block scale as they join the float32 accumulators. The activations are
@@ -1328,8 +1422,8 @@ std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
 // out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers. p[1]: outputs, p[2]: K,
 // p[3]: N. Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row
 // n - start[j]; the m + 1 starts follow the views in the parameter slice.
-// Variants: Q8_0 only, QMatVec (a few rows: decode) and QGemm (more rows, 16-bit compute dtype: prefill), then a
-// warp per output for anything (Warps).
+// Variants: Q8_0 only, QDot and QMatVec (a few rows: decode; QDot unless LUMINAL_CUDA_Q8_DP4A=0) and QGemm (more
+// rows, 16-bit compute dtype: prefill), then a warp per output for anything (Warps).
 void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int m = int(n.inputs.size()) - 1;
   for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
@@ -1342,6 +1436,8 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   DType as = storage(n.inputs[0].node);
   st.variants.clear();
   if (bb == 34) {
+    st.prep_fn = q8_quantize(st, n);  // (QDot's first kernel)
+    st.variants.push_back({Variant::QDot, q8_dp4a(st, n, S)});
     st.variants.push_back({Variant::QMatVec, q8_matvec(st, n, S)});
     if (compute_ == DType::BF16 || compute_ == DType::F16) st.variants.push_back({Variant::QGemm, q8_mma(st, n, S)});
   }
@@ -1423,8 +1519,8 @@ void Generator::dequant_step(Step& st, const Node& n, int bb) {
 // the key ranges (splits), the keys per range and whether k's and v's rows take 16-byte loads. The kernels'
 // pointers: e<edge>, aliased in<i> for program input i as program_body names them, then the workspace.
 //
-// Variants, in order: FlashMma (flash_mma below: tensor cores, a 16-bit compute dtype, head sizes known when
-// printing, 64+ rows per Tq). FlashDecode (up to 8 rows per Tq, head sizes known when printing; below). Flash
+// Variants, in order: FlashMmaSkip, then FlashMma (flash_mma below: tensor cores, a 16-bit compute dtype, head sizes
+// known when printing, 64+ rows per Tq). FlashDecode (up to 8 rows per Tq, head sizes known when printing; below). Flash
 // (float32, any softmax program): 16 query rows per block of 4 warps (4 rows
 // each), keys in tiles of 32 through shared memory with V's tile; a lane scores one key for its warp's 4 rows, the
 // warp keeps each row's running max and sum, and lane l accumulates output columns l, l+32, .. (D, N <= 128).
@@ -1487,6 +1583,7 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
+      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8, true)});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
     }
   }
@@ -1759,9 +1856,11 @@ void Generator::attention_step(Step& st, const Node& n) {
 // keys in tiles of 64: K (key-major) and V (transposed) staged in shared memory in the compute dtype, S = Q K^T in
 // registers, the row program and the online softmax on S's fragments (a row spans the 4 lanes of a quad), then P,
 // repacked in registers as the A operand, times V. DH: the head sizes rounded up to 16 (D, N <= DH). Same parameter
-// slice, key ranges and workspace as Flash.
+// slice, key ranges and workspace as Flash. `skip` (FlashMmaSkip): V row-major (16-byte stores when staged from
+// float32; its B fragments by ldmatrix.trans) and key tiles masked for all the block's rows skipped (below).
 std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                                 const std::string& aliases, const std::vector<std::string>& args, int DH, int W) {
+                                 const std::string& aliases, const std::vector<std::string>& args, int DH, int W,
+                                 bool skip) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
   const Program& prog = plan.prog;
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
@@ -1776,6 +1875,7 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
   };
   std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  std::string pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
   std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
@@ -1784,14 +1884,17 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   Text f;
   std::string TH = std::to_string(32 * W);
   f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n"
-    << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "], Vt[" << DH << "][72];\n" << aliases
+    << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "]" << (skip ? ";\n  __shared__ __align__(16) u16 " : ", ")
+    << (skip ? "Vs[64][" + std::to_string(DH + 8) + "]" : "Vt[" + DHs + "][72]") << ";\n" << aliases
     << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
     << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, q2 = (lane & 3) * 2;\n"
     << "  const float c_ = " << lit(sm.c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
     << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
     << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
-    << "    i64 t0 = (i64)blockIdx.x * " << 16 * W << ", rb_ = b * Tq + t0, kb, vb;\n"
+    // (skip: the last row blocks first, whose causal masks skip the fewest tiles, so the grid's tail is short ones)
+    << "    i64 t0 = (i64)" << (skip ? "(gridDim.x - 1 - blockIdx.x)" : "blockIdx.x") << " * " << 16 * W
+    << ", rb_ = b * Tq + t0, kb, vb;\n"
     << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
     << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
   // This thread's two rows (fragment rows g and g + 8 of its warp's 16): bases, validity, the program's indices.
@@ -1819,25 +1922,76 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
     << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
     << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
-    << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n      __syncthreads();\n";
-  // The tiles: K as Ks[key][d], V transposed as Vt[n][key], in the compute dtype, zeros outside.
-  if (f32kv)
+    << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n";
+  // The program's element indices: the thread's row (fragment row g, or g + 8 for e >> 1), key j.
+  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
+  std::vector<std::string> idx;
+  for (int d = 0; d + 1 < Rp; ++d) {
+    at += "    i64 i" + std::to_string(d) + " = (e >> 1) ? x1_" + std::to_string(d) + " : x0_" + std::to_string(d) + ";\n";
+    idx.push_back("i" + std::to_string(d));
+  }
+  at += "    i64 " + jn + " = j;\n";
+  idx.push_back(jn);
+  // An additive mask (x = A + M, M not reading the scores): where M is -inf for all the block's rows and the tile's
+  // keys, x is too (for finite scores), and the tile is skipped before it is loaded (causal prefill: the tiles past
+  // the block's last row). The thread's elements (rows g, g + 8; keys q2, q2 + 1 of each 8) in groups of 4, until
+  // one is live; the vote is also the barrier before the tiles are overwritten.
+  int mreg = -1;
+  if (skip) {
+    const Instr& xi = prog.code[size_t(sm.x)];
+    for (int side = 0; side < 2 && xi.kind == Instr::Apply && xi.op == Op::Add && mreg < 0; ++side) {
+      int m = side ? xi.b : xi.a;
+      std::vector<char> need = prog.needed_for(size_t(m));
+      bool free = m >= 0;
+      for (size_t r = 0; r < need.size() && free; ++r)
+        free = !need[r] || (prog.code[r].kind != Instr::Reduce &&
+                            !(prog.code[r].kind == Instr::Load && prog.code[r].input == plan.scores));
+      if (free) mreg = m;
+    }
+  }
+  if (mreg >= 0)
+    f << "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n        if (!live_) {\n"
+      << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
+      << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at
+      << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1), {{plan.scores, "0.0f"}})
+      << "          live_ = live_ || (float)r" << mreg << " != ninf;\n          }\n        }\n        }\n"
+      << "      if (!__syncthreads_or(live_)) continue;\n";
+  else
+    f << "      __syncthreads();\n";
+  // The tiles: K as Ks[key][d], V as Vs[key][n] (skip) or transposed as Vt[n][key], in the compute dtype, zeros
+  // outside.
+  if (f32kv && skip) {
+    // 8 floats of a row per thread: two 16-byte loads each of k and v, one 16-byte store each
+    std::string pk8 = "make_uint4(" + pk + "(a.x, a.y), " + pk + "(a.z, a.w), " + pk + "(b.x, b.y), " + pk + "(b.z, b.w))";
+    f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
+      << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
+      << "          float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k0 = z, k1 = z, v0 = z, v1 = z;\n"
+      << "          if (j < jhi) {\n            const float* kr = (const float*)e1 + kb + j * " << kv.stride(Rq - 2)
+      << " + d;\n            const float* vr = (const float*)e2 + vb + j * " << v.stride(Rv - 1) << " + d;\n"
+      << "            if (d < D) k0 = *(const float4*)kr;\n            if (d + 4 < D) k1 = *(const float4*)(kr + 4);\n"
+      << "            if (d < N) v0 = *(const float4*)vr;\n            if (d + 4 < N) v1 = *(const float4*)(vr + 4);\n"
+      << "          }\n          { float4 a = k0, b = k1; *(uint4*)&Ks[jj][d] = " << pk8 << "; }\n"
+      << "          { float4 a = v0, b = v1; *(uint4*)&Vs[jj][d] = " << pk8 << "; }\n        }\n      } else\n";
+  } else if (f32kv)
     f << "      if (" << P(6) << ") {\n#pragma unroll 4\n        for (int x = tid; x < 64 * " << DH / 4
       << "; x += " << TH << ") {\n          int jj = x / " << DH / 4 << ", d = (x % " << DH / 4 << ") * 4;\n"
       << "          i64 j = j0 + jj;\n          float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;\n"
       << "          if (j < jhi) {\n            if (d < D) kx = *(const float4*)((const float*)e1 + kb + j * "
       << kv.stride(Rq - 2) << " + d);\n            if (d < N) vx = *(const float4*)((const float*)e2 + vb + j * "
       << v.stride(Rv - 1) << " + d);\n          }\n"
-      << "          *(uint2*)&Ks[jj][d] = make_uint2((unsigned)" << cv << "(kx.x) | ((unsigned)" << cv
-      << "(kx.y) << 16), (unsigned)" << cv << "(kx.z) | ((unsigned)" << cv << "(kx.w) << 16));\n"
-      << "          Vt[d][jj] = " << cv << "(vx.x); Vt[d + 1][jj] = " << cv << "(vx.y); Vt[d + 2][jj] = " << cv
-      << "(vx.z); Vt[d + 3][jj] = " << cv << "(vx.w);\n        }\n      } else\n";
+      << (skip ? "          *(uint2*)&Ks[jj][d] = make_uint2(" + pk + "(kx.x, kx.y), " + pk + "(kx.z, kx.w));\n"
+               : "          *(uint2*)&Ks[jj][d] = make_uint2((unsigned)" + cv + "(kx.x) | ((unsigned)" + cv +
+                     "(kx.y) << 16), (unsigned)" + cv + "(kx.z) | ((unsigned)" + cv + "(kx.w) << 16));\n")
+      << (skip ? "          *(uint2*)&Vs[jj][d] = make_uint2(" + pk + "(vx.x, vx.y), " + pk + "(vx.z, vx.w));\n"
+               : "          Vt[d][jj] = " + cv + "(vx.x); Vt[d + 1][jj] = " + cv + "(vx.y); Vt[d + 2][jj] = " + cv +
+                     "(vx.z); Vt[d + 3][jj] = " + cv + "(vx.w);\n")
+      << "        }\n      } else\n";
   f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
     << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
     << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
     << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
-    << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        Vt[d][jj] = " << cv
-    << "(vx);\n      }\n      __syncthreads();\n";
+    << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        "
+    << (skip ? "Vs[jj][d]" : "Vt[d][jj]") << " = " << cv << "(vx);\n      }\n      __syncthreads();\n";
   // S = Q K^T: 8 tiles of 8 keys; element e of tile t is (row g + 8 * (e >> 1), key t * 8 + q2 + (e & 1)).
   f << "      float s[8][4];\n#pragma unroll\n      for (int t = 0; t < 8; ++t) {\n"
     << "        float* C = s[t];\n        C[0] = C[1] = C[2] = C[3] = 0.0f;\n"
@@ -1846,18 +2000,10 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "          unsigned B0 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2], B1 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2 + 8];\n"
     << "          " << mma << "\n        }\n      }\n";
   // The row program on each score, then the online softmax per row (max and sum over the quad).
-  std::vector<std::string> idx;
-  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_";
   f << "      float mx0 = ninf, mx1 = ninf;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
     << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
     << "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
-    << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n";
-  for (int d = 0; d + 1 < Rp; ++d) {
-    f << "    i64 i" << d << " = (e >> 1) ? x1_" << d << " : x0_" << d << ";\n";
-    idx.push_back("i" + std::to_string(d));
-  }
-  f << "    i64 " << jn << " = j;\n";
-  idx.push_back(jn);
+    << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at;
   f << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), {{plan.scores, "s[t][e]"}})
     << "          x_ = (float)r" << sm.x << ";\n          }\n          s[t][e] = x_;\n"
     << "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n"
@@ -1865,6 +2011,9 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
+    // A tile masked for all the block's rows adds nothing (exp2(-inf) = 0; m, l, o unchanged): without an additive
+    // mask to vote on first, its softmax and P V are skipped once the scores show it.
+    << (skip && mreg < 0 ? "      if (!__syncthreads_or(mx0 != ninf || mx1 != ninf)) continue;\n" : "")
     << "      float mn0 = op_max(m0, mx0), mn1 = op_max(m1, mx1);\n"
     << "      float mu0 = mn0 == ninf ? 0.0f : mn0, mu1 = mn1 == ninf ? 0.0f : mn1;\n"
     << "      float al0 = op_exp2((m0 - mu0) * c_), al1 = op_exp2((m1 - mu1) * c_);\n"
@@ -1880,9 +2029,18 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "        A[1] = (unsigned)" << cv << "(s[2 * kt][2]) | ((unsigned)" << cv << "(s[2 * kt][3]) << 16);\n"
     << "        A[2] = (unsigned)" << cv << "(s[2 * kt + 1][0]) | ((unsigned)" << cv << "(s[2 * kt + 1][1]) << 16);\n"
     << "        A[3] = (unsigned)" << cv << "(s[2 * kt + 1][2]) | ((unsigned)" << cv << "(s[2 * kt + 1][3]) << 16);\n"
-    << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          float* C = o[t];\n"
-    << "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
-    << "          " << mma << "\n        }\n      }\n    }\n";
+    << (skip
+            // V's B fragments for output tiles t, t + 1 by one ldmatrix.trans: matrices (keys 0-7, columns t * 8..),
+            // (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..), (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
+            ? "#pragma unroll\n        for (int t = 0; t < " + D8 + "; t += 2) {\n          unsigned Bv[4];\n"
+              "          asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\" : \"=r\"(Bv[0]), "
+              "\"=r\"(Bv[1]), \"=r\"(Bv[2]), \"=r\"(Bv[3]) : \"r\"(smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8])));\n"
+              "#pragma unroll\n          for (int h = 0; h < 2; ++h) {\n            float* C = o[t + h];\n"
+              "            unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n            " + mma + "\n          }\n        }\n"
+            : "#pragma unroll\n        for (int t = 0; t < " + D8 + "; ++t) {\n          float* C = o[t];\n"
+              "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
+              "          " + mma + "\n        }\n")
+    << "      }\n    }\n";
   // The rows: the quad's sums, then normalised rows, or this key range's partial result.
   f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
     << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
@@ -2074,7 +2232,7 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
 const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
-                                "implicit-mma", "cublas", "qgemv", "qmma"};
+                                "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip"};
   return names[k];
 }
 

@@ -53,6 +53,10 @@ struct Variant {
     Blas,          // MatMul by cuBLASLt (src/cuda/cublaslt.*), no kernel of ours: where the library opens
     QMatVec,       // QMatMul Q8_0 over a few rows (decode): a block of 8 warps per 2 outputs, 2-byte aligned blocks
     QGemm,         // QMatMul Q8_0 over more rows (prefill): 64 x 64 tiles on tensor cores, a 16-bit compute dtype
+    QDot,          // QMatMul Q8_0 over a few rows (decode) by __dp4a: Step::prep_fn quantises the activations to
+                   // int8 blocks in the workspace first, then a block of 8 warps per 4 outputs
+    FlashMmaSkip,  // FlashMma with V row-major (ldmatrix.trans) and tiles whose scores the row program masks
+                   // entirely (-inf for all the block's rows: causal prefill) skipped; LUMINAL_CUDA_FLASH_MMA_SKIP=0: off
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -78,6 +82,7 @@ struct Step {
   std::string combine_fn;         // Attention split over key ranges (flash-decoding): merges the ranges' partial
                                   // results, after the Flash variant, when the runtime split the keys; a float32
                                   // Contraction split over k: zeroes the output its blocks then add into
+  std::string prep_fn;            // QMatMul's QDot variant: quantises the activation rows into the workspace first
   const std::string& fn() const { return variants.front().fn; }
 };
 

@@ -188,52 +188,74 @@ void place(BlasGemm::Side& s, int64_t rows, int64_t K, DType compute, bool fold)
   s.copy = false;
 }
 
-// The copy of a view into contiguous rows of another dtype: a block per row (its index unravelled once), threads
-// along k. Compiled on first use per pair of dtypes.
+// The copy of a view into contiguous rows of another dtype (see BlasCopy), compiled on first use per pair of dtypes.
 struct View8 {
-  int64_t n[8], s[8];  // the row axes' sizes and strides, then k's stride (at rank - 1)
+  int64_t n[8], s[8];
 };
-CUfunction copy_fn(DType from, DType to) {
+std::string copy_source(DType from, DType to) {
+  std::string f = dtype_name(from), t = dtype_name(to);
+  return "struct View8 { i64 n[8], s[8]; };\n"
+         // A block per row (its index unravelled once), threads along k.
+         "extern \"C\" __global__ void copy_rows(i64 rows, i64 K, int rank, View8 v, const void* in, void* out) {\n"
+         "  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n"
+         "    i64 r = row, o = 0;\n"
+         "    for (int d = rank - 2; d >= 0; --d) { i64 q = r / v.n[d]; o += (r - q * v.n[d]) * v.s[d]; r = q; }\n"
+         "    for (i64 k = threadIdx.x; k < K; k += blockDim.x)\n"
+         "      st_" + t + "(out, row * K + k, ld_" + f + "(in, o + k * v.s[rank - 1]));\n  }\n}\n"
+         // Unit stride along k, rows 16-byte aligned: blocks along y over rows, along x over a row's chunks of 8;
+         // K past its last chunk (a single row only) element by element.
+         // (Paired rounding needs sm_80: an older GPU keeps copy_rows.)
+         "extern \"C\" __global__ void copy_rows8(i64 rows, i64 K, int rank, View8 v, const void* in, void* out) {\n"
+         "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800\n"
+         "  i64 chunks = K >> 3;\n"
+         "  for (i64 row = blockIdx.y; row < rows; row += gridDim.y) {\n"
+         "    i64 r = row, o = 0;\n"
+         "    for (int d = rank - 2; d >= 0; --d) { i64 q = r / v.n[d]; o += (r - q * v.n[d]) * v.s[d]; r = q; }\n"
+         "    for (i64 c = blockIdx.x * (i64)blockDim.x + threadIdx.x; c < chunks; c += (i64)gridDim.x * blockDim.x) {\n"
+         "      float x[8];\n"
+         "      ld8_" + f + "(in, o + 8 * c, x);\n"
+         "      uint4 u;\n"
+         "      u.x = pack_" + t + "(x[0], x[1]); u.y = pack_" + t + "(x[2], x[3]);\n"
+         "      u.z = pack_" + t + "(x[4], x[5]); u.w = pack_" + t + "(x[6], x[7]);\n"
+         "      *(uint4*)((u16*)out + row * K + 8 * c) = u;\n"
+         "    }\n"
+         "    if (blockIdx.x == 0)\n"
+         "      for (i64 k = 8 * chunks + threadIdx.x; k < K; k += blockDim.x) st_" + t + "(out, row * K + k, ld_" + f +
+         "(in, o + k));\n"
+         "  }\n#endif\n}\n";
+}
+std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
   static std::mutex m;
-  static std::map<std::pair<int, int>, CUfunction> fns;
+  static std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> fns;
   std::lock_guard<std::mutex> l(m);
   auto key = std::make_pair(int(from), int(to));
   auto it = fns.find(key);
   if (it != fns.end()) return it->second;
-  std::string src = std::string(prelude()) +
-                    "struct View8 { i64 n[8], s[8]; };\n"
-                    "extern \"C\" __global__ void copy_rows(i64 rows, i64 K, int rank, View8 v, const void* in, void* out) {\n"
-                    "  for (i64 row = blockIdx.x; row < rows; row += gridDim.x) {\n"
-                    "    i64 r = row, o = 0;\n"
-                    "    for (int d = rank - 2; d >= 0; --d) { i64 q = r / v.n[d]; o += (r - q * v.n[d]) * v.s[d]; r = q; }\n"
-                    "    for (i64 k = threadIdx.x; k < K; k += blockDim.x)\n"
-                    "      st_" + std::string(dtype_name(to)) + "(out, row * K + k, ld_" + dtype_name(from) +
-                    "(in, o + k * v.s[rank - 1]));\n  }\n}\n";
   const Device& dev = device();
-  std::string cubin = compile_cubin(src, dev.major * 10 + dev.minor);
+  std::string cubin = compile_cubin(std::string(prelude()) + copy_source(from, to), dev.major * 10 + dev.minor);
   CUmodule mod;
   check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", "copy_rows");
-  CUfunction f;
-  check(driver().cuModuleGetFunction(&f, mod, "copy_rows"), "cuModuleGetFunction", "copy_rows");
-  fns[key] = f;
-  return f;
+  std::pair<CUfunction, CUfunction> f;
+  check(driver().cuModuleGetFunction(&f.first, mod, "copy_rows"), "cuModuleGetFunction", "copy_rows");
+  check(driver().cuModuleGetFunction(&f.second, mod, "copy_rows8"), "cuModuleGetFunction", "copy_rows8");
+  return fns[key] = f;
 }
 
 void copy_side(const BlasGemm::Side& s, DType to, CUdeviceptr in, CUdeviceptr out, CUstream stream) {
-  View8 v{};
-  int rank = int(s.shape.size());
-  int64_t K = s.shape.back(), rows = 1;
-  for (int d = 0; d + 1 < rank; ++d) {
-    v.n[d] = s.shape[size_t(d)];
-    v.s[d] = s.strides[size_t(d)];
-    rows *= s.shape[size_t(d)];
-  }
-  v.s[rank - 1] = s.strides.back();
   in += CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));  // (the kernel's offsets then start at 0)
-  unsigned grid = unsigned(std::max<int64_t>(1, std::min<int64_t>(rows, int64_t(device().sms) * 16)));
-  void* args[] = {&rows, &K, &rank, &v, &in, &out};
-  check(driver().cuLaunchKernel(copy_fn(s.dtype, to), grid, 1, 1, 256, 1, 1, 0, stream, args, nullptr),
-        "cuLaunchKernel", "copy_rows");
+  BlasCopy c = blas_copy_layout(s.shape, s.strides, in, s.dtype, device().sms);
+  if (device().major < 8) {  // (copy_rows8 does nothing there)
+    c.vec = false;
+    c.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(c.rows, int64_t(device().sms) * 16)));
+    c.grid[1] = 1;
+  }
+  View8 v{};
+  for (int d = 0; d < 8; ++d) v.n[d] = c.n[d], v.s[d] = c.s[d];
+  void* args[] = {&c.rows, &c.K, &c.rank, &v, &in, &out};
+  auto fns = copy_fns(s.dtype, to);
+  check(driver().cuLaunchKernel(c.vec ? fns.second : fns.first, c.grid[0], c.grid[1], 1, 256, 1, 1, 0, stream, args,
+                                nullptr),
+        "cuLaunchKernel", c.vec ? "copy_rows8" : "copy_rows");
 }
 
 // A product's descriptors and its algorithm (see prepare), per shape, layout and alignment (kept for the process: a
@@ -367,6 +389,41 @@ std::string blas_path() {
   return L ? opened + " (version " + std::to_string(L->cublasLtGetVersion()) + ")" : "";
 }
 
+BlasCopy blas_copy_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, uint64_t in_addr,
+                          DType from, int sms) {
+  // Axes outer to inner, k last; size-1 row axes dropped, then an axis merged into the inner one it continues (a
+  // row axis into k too: the output's rows are contiguous).
+  std::vector<int64_t> n, st;
+  size_t r = shape.size();
+  for (size_t d = 0; d < r; ++d)
+    if (shape[d] != 1 || d + 1 == r) n.push_back(shape[d]), st.push_back(strides[d]);
+  for (size_t j = n.size(); j-- > 1;)
+    if (st[j - 1] == n[j] * st[j]) {
+      n[j] *= n[j - 1];
+      n.erase(n.begin() + long(j - 1));
+      st.erase(st.begin() + long(j - 1));
+    }
+  BlasCopy c;
+  c.rank = int(n.size());
+  c.K = n.back();
+  c.rows = 1;
+  for (int d = 0; d + 1 < c.rank; ++d) c.rows *= n[size_t(d)], c.n[d] = n[size_t(d)], c.s[d] = st[size_t(d)];
+  c.s[c.rank - 1] = st.back();
+  int64_t size = int64_t(dtype_size(from)), blocks = int64_t(std::max(sms, 1)) * 8;
+  c.vec = st.back() == 1 && in_addr % 16 == 0 && (c.K % 8 == 0 || c.rows == 1);
+  for (int d = 0; d + 1 < c.rank; ++d) c.vec = c.vec && c.s[d] * size % 16 == 0;
+  if (c.vec) {
+    int64_t gx = std::min<int64_t>(std::max<int64_t>(1, (c.K / 8 + 255) / 256), blocks);
+    c.grid[0] = unsigned(gx);
+    c.grid[1] = unsigned(std::max<int64_t>(1, std::min<int64_t>({c.rows, (blocks + gx - 1) / gx, 65535})));
+  } else {
+    c.grid[0] = unsigned(std::max<int64_t>(1, std::min<int64_t>(c.rows, blocks * 2)));
+  }
+  return c;
+}
+
+std::string blas_copy_source(DType from, DType to) { return copy_source(from, to); }
+
 bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs, DType out, DType compute,
                BlasGemm* g) {
   size_t r = a.shape.size();
@@ -415,14 +472,15 @@ bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs,
   return true;
 }
 
-void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream) {
+void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream,
+              bool a_copied) {
   if (!library()) throw CudaError(blas_unavailable_reason());
-  auto operand = [&](const BlasGemm::Side& s, CUdeviceptr p) {
+  auto operand = [&](const BlasGemm::Side& s, CUdeviceptr p, bool copied) {
     if (!s.copy) return p + CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));
-    copy_side(s, g.compute, p, ws + s.ws_offset, stream);
+    if (!copied) copy_side(s, g.compute, p, ws + s.ws_offset, stream);
     return ws + s.ws_offset;
   };
-  CUdeviceptr pa = operand(g.a, a), pb = operand(g.b, b);
+  CUdeviceptr pa = operand(g.a, a, a_copied), pb = operand(g.b, b, false);
   size_t copies = g.ws_bytes - kLtWorkspace;
   const Prepared& p = prepare(g, pa, pb, out, ws + copies, stream);
   float alpha = 1.0f, beta = 0.0f;

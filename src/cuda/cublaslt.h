@@ -45,9 +45,24 @@ struct BlasGemm {
 // `out` dtype, as cuBLASLt runs it; false when it cannot (library missing, dtypes, shapes past its limits).
 bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs, DType out, DType compute,
                BlasGemm* g);
+// The copy of a side into the workspace, as blas_run launches it (exposed with its kernel's source for tests without a
+// GPU): the view's axes that line up merged (a contiguous view is one row), then 8 elements a thread with 16-byte
+// loads and stores (copy_rows8) where k has unit stride and every row starts 16-byte aligned, else an element a
+// thread (copy_rows). `in_addr`: the view's first element's address (only its alignment matters).
+struct BlasCopy {
+  bool vec = false;
+  int64_t rows = 0, K = 0;
+  int rank = 0;                      // row axes + 1 (k)
+  int64_t n[8] = {}, s[8] = {};      // the row axes' sizes and strides, then k's stride (at rank - 1)
+  unsigned grid[2] = {1, 1};
+};
+BlasCopy blas_copy_layout(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides, uint64_t in_addr,
+                          DType from, int sms);
+std::string blas_copy_source(DType from, DType to);  // copy_rows and copy_rows8 (NVRTC source, prelude first)
 // Runs it on `stream` (a's and b's buffers and the output; `ws`: at least g.ws_bytes). Raises CudaError naming the
-// failing call and its status.
-void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream);
+// failing call and its status. `a_copied`: a's copy is in the workspace already (the caller knows it unchanged).
+void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream,
+              bool a_copied = false);
 
 }  // namespace cuda
 }  // namespace luminal

@@ -299,6 +299,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     }
     load(s_.steps[i].rows_fn);
     load(s_.steps[i].combine_fn);
+    load(s_.steps[i].prep_fn);
     L_.slot.push_back(nparams);
     if (cs.kind == luminal::Step::Kernel) nparams += size_t(s_.steps[i].nparams);
     if (cs.kind == luminal::Step::Constant) {
@@ -340,6 +341,27 @@ std::vector<int64_t> Runtime::in_place_inputs() const {
 }
 
 namespace {
+// A product's rows that share its weights (views [batch..., M, N, K]): M, times the batch axes b does not move along
+// (a Linear over [batch, 1, features], batched decode, is one product of batch rows for cuBLASLt).
+int64_t weight_rows(const ConcreteView& a, const ConcreteView& b) {
+  size_t r = a.shape.size();
+  int64_t rows = a.shape[r - 3];
+  for (size_t d = 0; d + 3 < r; ++d) {
+    if (b.strides[d] != 0 && a.shape[d] != 1) return a.shape[r - 3];
+    rows *= a.shape[d];
+  }
+  return rows;
+}
+// Rows from which the GEMM variants apply: 2 (batched decode), where up to kFewRows - 1 rows they are timed against
+// the matrix-vector kernel, which reads the weights once per row. A single row (decode) keeps the matrix-vector
+// kernel, never timed. LUMINAL_CUDA_GEMM_MIN_ROWS: another least number of rows (16: as before batched decode; for
+// comparison), read when a product is planned.
+constexpr int64_t kFewRows = 16;
+int64_t gemm_min_rows() {
+  const char* e = std::getenv("LUMINAL_CUDA_GEMM_MIN_ROWS");
+  return e && std::atoll(e) > 1 ? int64_t(std::atoll(e)) : int64_t(2);
+}
+
 // Rows of k contiguous and every row start 8-element (16-byte or more) aligned (buffers are 256-byte aligned).
 bool rows_aligned(const ConcreteView& a, const ConcreteView& b) {
   size_t r = a.shape.size();
@@ -371,7 +393,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       L_.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       return true;
     case Variant::MatVec: return out_n != 0 && rows_aligned(cv[0], cv[1]);
-    case Variant::Flash: case Variant::FlashMma: case Variant::FlashDecode: {
+    case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashDecode: {
       // q read once per row (broadcast over the keys); a tile of rows shares k and v: consecutive rows along the
       // trailing row axes over which neither moves (the query rows of one head, and the query heads of a KV head).
       const ConcreteView &q = cv[0], &k = cv[1], &vv = cv[2];
@@ -380,6 +402,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       int64_t D = p[E], N = p[E + 1], T = p[2], rows = L_.items[i];
       int64_t R = v.kind == Variant::Flash ? 16 : v.kind == Variant::FlashDecode ? 4 : 128;  // query rows per block
       if (v.kind == Variant::FlashDecode && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
+      if (v.kind == Variant::FlashMmaSkip && env_zero("LUMINAL_CUDA_FLASH_MMA_SKIP")) return false;  // (the fallback)
       if (out_n == 0 || rq < 2 || rv < 2 || D > 128 || N > 128 || q.strides[rq - 2] != 0) return false;
       auto shared_rows = [](const ConcreteView& x, size_t nrow) {
         int64_t c = 1;
@@ -393,7 +416,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       if (Tq <= 0 || rows % Tq) return false;
       // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
       // query heads) go to the decode kernel, which holds more loads in flight.
-      if (v.kind == Variant::FlashMma && Tq < R / 2) return false;
+      if ((v.kind == Variant::FlashMma || v.kind == Variant::FlashMmaSkip) && Tq < R / 2) return false;
       if (v.kind == Variant::FlashDecode && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
       int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
       // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
@@ -431,6 +454,18 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
     case Variant::AttentionRows:
       L_.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(L_.items[i], int64_t(sms_) * 16))), 1, 1};
       return true;
+    case Variant::QDot: {
+      // Q8_0 by __dp4a (codegen's q8_quantize, q8_dp4a) for up to 4 rows: the activations (any view: the quantising
+      // kernel reads them element by element) as int8 blocks in the workspace, rows x K bytes then their scales;
+      // weight rows 2-byte aligned. LUMINAL_CUDA_Q8_DP4A=0: the float kernel (comparison).
+      int64_t N = p[3], rows = N ? out_n / N : 0;
+      if (rows == 0 || rows > 4 || env_zero("LUMINAL_CUDA_Q8_DP4A")) return false;
+      for (size_t j = 1; j < cv.size(); ++j)
+        if (cv[j].offset % 2) return false;
+      L_.grid[i] = {unsigned(std::min<int64_t>(rows * ((N + 3) / 4), int64_t(sms_) * 16)), 1, 1};
+      ws_bytes_ = std::max(ws_bytes_, size_t(rows * p[2] + rows * (p[2] / 32) * 4));
+      return true;
+    }
     case Variant::QMatVec: case Variant::QGemm: {
       // Q8_0 (codegen's q8_matvec, q8_mma): up to 4 rows take the matrix-vector kernel, more the tensor cores.
       // Activation rows 16-byte aligned (float4 loads), weight rows 2-byte aligned. p[2]: K, p[3]: N.
@@ -453,8 +488,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       // they alone fill the GPU, else the 64-row ones.
       const ConcreteView &a = cv[0], &b = cv[1];
       size_t r = a.shape.size();
-      if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 || a.shape[r - 3] < 16 ||
-          !rows_aligned(a, b))
+      if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 ||
+          a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b))
         return false;
       int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
       int64_t T = v.kind == Variant::Gemm128 ? 128 : 64;
@@ -466,12 +501,12 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       return true;
     }
     case Variant::Blas: {
-      // cuBLASLt, where it opens, for 16+ rows sharing the weights as our tensor-core kernels (fewer: the
-      // matrix-vector kernels); operands it cannot read in place are copied into its workspace (blas_plan).
+      // cuBLASLt, where it opens, for 2+ rows sharing the weights (one: the matrix-vector kernel); operands it
+      // cannot read in place are copied into its workspace (blas_plan).
       const ConcreteView& a = cv[0];
       size_t r = a.shape.size();
       const Node& n = g_.node(core(i).node);
-      if (out_n == 0 || r < 3 || a.shape[r - 3] < 16 || gemm_forced() == 'o') return false;
+      if (out_n == 0 || r < 3 || weight_rows(a, cv[1]) < gemm_min_rows() || gemm_forced() == 'o') return false;
       return blas_plan(a, cv[1], s_.storage()[size_t(n.inputs[0].node)], s_.storage()[size_t(n.inputs[1].node)],
                        n.dtype, s_.compute, &L_.blas[i]);
     }
@@ -586,16 +621,22 @@ void Runtime::configure(size_t i) {
   }
   // The first variant that applies; when it is a GEMM variant, the GEMM variants after it that apply too are the
   // candidates that choose() times (LUMINAL_CUDA_TUNE=0: none; LUMINAL_CUDA_GEMM forces one).
+  // For fewer than kFewRows rows the matrix-vector kernel is a candidate too, after a GEMM variant that applies
+  // (the tensor-core kernel between them does not apply to so few rows).
   auto& cands = L_.cands[i];
   cands.clear();
   char forced = 0;
   bool more = false;  // (whether to look past the first)
+  size_t r = cv.size() >= 2 ? cv[0].shape.size() : 0;
+  bool few = r >= 3 && cv[1].shape.size() == r && weight_rows(cv[0], cv[1]) < kFewRows;
   for (size_t v = 0; v < st.variants.size(); ++v) {
     Variant::Kind k = st.variants[v].kind;
-    if (!cands.empty() && (!timed(k) || !more)) break;
+    bool gemm = timed(k) || (few && !cands.empty() && k == Variant::MatVec);
+    if (!cands.empty() && !more) break;
+    if (!cands.empty() && !gemm && !(few && k == Variant::TensorCore)) break;
     if (!applies(st.variants[v], cv, out_n, p, i)) continue;
     L_.variant[i] = cands.empty() ? v : L_.variant[i];
-    if (!timed(k)) break;
+    if (!gemm) break;
     if (cands.empty()) {  // (the environment read only here: decode's steps never get this far)
       forced = gemm_forced();
       more = forced || !env_zero("LUMINAL_CUDA_TUNE");
@@ -725,6 +766,10 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
 // graphs: the launches recorded so far are replayed first (their chunk ends there), then it runs on the same stream.
 void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs) {
   int64_t id = core(i).node;
+  if (v.kind == Variant::MatVec) {  // (a candidate for few rows: its grid as in any run)
+    launch(v.fn, id, L_.slot[i], L_.items[i], true, ptrs);
+    return;
+  }
   if (v.kind != Variant::Blas) {
     launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
     return;
@@ -735,10 +780,23 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     blas_ws_.reset();  // (queued work that still uses it runs first: one stream)
     blas_ws_ = device_alloc(g.ws_bytes);
   }
+  // The left operand's copy made by the product just before, when it is of the same view and nothing ran since
+  // (q, k and v of one normalised input): read again instead of copied. Not while timing (choose), whose runs must
+  // each pay their copy, nor with steps on the host (writes that no launch counts).
+  std::vector<int64_t> key;
+  if (g.a.copy) {
+    key = {int64_t(ptrs[1]), int64_t(blas_ws_->ptr), int64_t(g.a.dtype), int64_t(g.compute), g.a.offset};
+    key.insert(key.end(), g.a.shape.begin(), g.a.shape.end());
+    key.insert(key.end(), g.a.strides.begin(), g.a.strides.end());
+  }
+  bool reuse = g.a.copy && !timing_ && !has_host_steps_ && !env_zero("LUMINAL_CUDA_BLAS_REUSE") &&
+               blas_copied_.second == launched_ && blas_copied_.first == key;
   ++launched_;
+  blas_copied_ = {std::move(key), g.a.copy ? launched_ : SIZE_MAX};  // (the workspace's left copy, if any, now)
   try {
-    blas_run(g, ptrs[1], ptrs[2], ptrs[0], blas_ws_->ptr, nullptr);
+    blas_run(g, ptrs[1], ptrs[2], ptrs[0], blas_ws_->ptr, nullptr, reuse);
   } catch (const CudaError& e) {
+    blas_copied_.second = SIZE_MAX;
     throw CudaError(std::string(e.what()) + " (node " + std::to_string(id) + ", " + op_label(g_.node(id)) + ")");
   }
 }
@@ -770,6 +828,7 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
     bool graphs = graphs_on_;
     size_t launched = launched_;
     graphs_on_ = false;  // (direct launches)
+    timing_ = true;
     CUevent ev[2] = {nullptr, nullptr};
     std::string log;
     Variant::Kind best = st.variants[cands[0].first].kind;
@@ -792,11 +851,15 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
       }
     } catch (...) {
       graphs_on_ = graphs;
+      timing_ = false;
+      blas_copied_.second = SIZE_MAX;
       for (auto& e : ev) if (e) d.cuEventDestroy(e);
       throw;
     }
     graphs_on_ = graphs;
+    timing_ = false;
     launched_ = launched;
+    blas_copied_.second = SIZE_MAX;  // (the count goes back: a copy made while timing is not known to follow)
     for (auto& e : ev) d.cuEventDestroy(e);
     // LUMINAL_CUDA_TUNE_LOG=1: each choice and its times on stderr
     if (const char* t = std::getenv("LUMINAL_CUDA_TUNE_LOG"); t && *t && std::string(t) != "0")
@@ -1043,6 +1106,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   one_graph_ = env_zero("LUMINAL_CUDA_GRAPH_CHUNKS");  // one graph for the whole run
   pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !env_zero("LUMINAL_CUDA_PDL");
   npending_ = launched_ = nchunk_ = 0;
+  blas_copied_.second = SIZE_MAX;  // (a copy of an earlier run's operand is not this run's)
   const Plan& plan = plan_;  // (planning ahead changes it only after the last launch)
   std::vector<CUdeviceptr>& ptr = ptr_;
   ptr.assign(g_.size(), 0);
@@ -1149,10 +1213,18 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             break;
           }
           case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: launch_gemm(i, v, ptrs); break;
+          case Variant::QDot: {
+            ptrs.push_back(ws_ ? ws_->ptr : 0);
+            launch(st.prep_fn, id, slot, L_.items[i] / std::max<int64_t>(1, L_.params[slot + 3]) * (L_.params[slot + 2] / 32),
+                   true, ptrs);
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256);
+            break;
+          }
           case Variant::QMatVec: case Variant::QGemm:
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::QGemm ? 128 : 256);
             break;
-          case Variant::Flash: case Variant::FlashMma: case Variant::AttentionRows: case Variant::FlashDecode: {
+          case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::AttentionRows:
+          case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             unsigned threads = v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads);

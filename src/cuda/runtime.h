@@ -161,6 +161,10 @@ class Runtime {
   void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs);
   void choose(size_t i, const std::vector<CUdeviceptr>& ptrs);
   std::shared_ptr<DeviceBuffer> blas_ws_;  // cuBLASLt's workspace and the operands copied for it
+  // The left operand copied into blas_ws_ by the last cuBLASLt product (its source, view, dtypes) and launched_ just
+  // after that product (SIZE_MAX: none known): see launch_gemm.
+  std::pair<std::vector<int64_t>, size_t> blas_copied_{{}, SIZE_MAX};
+  bool timing_ = false;  // choose() is timing the candidates
 
  public:
   ~Runtime();
