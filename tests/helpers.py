@@ -359,3 +359,24 @@ def check(fn, torch_fn=None, shapes=(), dtype="float32", *, backend=REFERENCE, r
         compare(g, torch_to_numpy(w), dtype, f"{what} on inputs {shapes_desc} -> result {i}", rng, tol_scale,
                 atol, rtol, gd, wd, check_dtype)
     return got[0] if single else got
+
+
+def random_quant_blocks(gen, qtype, rows, cols):
+    """Random raw GGUF rows (uint8, rows x blocks * block bytes) and their float32 values."""
+    nb = cols // 32
+    d = gen.uniform(0.01, 0.1, (rows, nb)).astype(np.float16) * gen.choice([-1, 1], (rows, nb)).astype(np.float16)
+    if qtype == "Q8_0":
+        q = gen.integers(-128, 128, (rows, nb, 32)).astype(np.int8)  # (-128 too: llama.cpp never writes it, but may)
+        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1)
+        vals = d.astype(np.float32)[..., None] * q.astype(np.float32)
+    else:
+        q = gen.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
+        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+        if qtype == "Q4_0":
+            raw = np.concatenate([d[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * (q.astype(np.float32) - 8)
+        else:
+            m = gen.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
+            raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
+            vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
+    return raw.reshape(rows, -1), vals.reshape(rows, cols)

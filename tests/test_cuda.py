@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from helpers import needs_cuda, needs_nvrtc
+from helpers import needs_cuda, needs_nvrtc, random_quant_blocks
 
 PY = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal: a checkout's or the installed one
 
@@ -184,27 +184,6 @@ def test_compute_dtype_keeps_weights_in_it(dtype, rng):
 
 
 # ---- quantised weights on every backend (QMatMul and Dequant kernels; no model file needed) ---------------------------
-def _random_blocks(gen, qtype, rows, cols):
-    """Random raw GGUF rows and their float32 values (numpy's dequantisation)."""
-    nb = cols // 32
-    d = gen.uniform(0.01, 0.1, (rows, nb)).astype(np.float16)
-    if qtype == "Q8_0":
-        q = gen.integers(-127, 128, (rows, nb, 32)).astype(np.int8)
-        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1)
-        vals = d.astype(np.float32)[..., None] * q.astype(np.float32)
-    else:
-        q = gen.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
-        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
-        if qtype == "Q4_0":
-            raw = np.concatenate([d[..., None].view(np.uint8), packed], -1)
-            vals = d.astype(np.float32)[..., None] * (q.astype(np.float32) - 8)
-        else:
-            m = gen.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
-            raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
-            vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
-    return raw.reshape(rows, -1), vals.reshape(rows, cols)
-
-
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("tokens", [1, 5])
 def test_quantized_matmul_and_embedding(backend, qtype, tokens, rng):
@@ -214,7 +193,7 @@ def test_quantized_matmul_and_embedding(backend, qtype, tokens, rng):
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
-    raw, vals = _random_blocks(rng.gen, qtype, 48, 96)
+    raw, vals = random_quant_blocks(rng.gen, qtype, 48, 96)
     x = rng.data((tokens, 96)).astype(np.float32)
     idx = rng.integers(0, 48, (4,))
     g = lm.Graph()
@@ -290,7 +269,7 @@ def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
     xt = g.tensor((tokens, 64), name="x").set(x)
     outs, wants = [], []
     for j, rows in enumerate((40, 8, 24)):
-        raw, vals = _random_blocks(rng.gen, qtype, rows, 64)
+        raw, vals = random_quant_blocks(rng.gen, qtype, rows, 64)
         w = dequantize(g, QuantizedWeight(raw, qtype, (rows, 64)), name=f"w{j}")
         outs.append((xt @ w.T).output())
         wants.append(x.astype(np.float64) @ vals.T)

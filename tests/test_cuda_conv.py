@@ -7,7 +7,6 @@ CPU kernels execute the same lowering (`cuda-nvrtc`, what CI runs), and the impl
 on the host (test_kernels_on_the_host), so that CI checks their arithmetic too."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F
 
 import luminal as lm
 import luminal.nn.functional as LF
+import cuda_host
 from helpers import NVRTC_CHECK, Backend, check, compare, needs_cuda, needs_nvrtc, run
 
 BACKENDS = [
@@ -150,87 +150,9 @@ def test_printed_variants(dtype, fast):
 
 
 # ---- the kernels' arithmetic without a GPU ----------------------------------------------------------------------------
-# The implicit-GEMM kernels compiled as C++ for the host: a thread per CUDA thread, a barrier for __syncthreads, blocks
-# one after another, mma.sync done by the warp's threads through shared fragments. What CI can check of their
-# indexing (row, column and batch offsets, k tables, the register pipeline, k splits) beyond NVRTC's compile.
-_HOST_CUDA = r"""
-#include <algorithm>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
-typedef long long i64;
-typedef unsigned short u16;
-struct D3 { unsigned x, y, z; };
-thread_local D3 threadIdx, blockIdx;
-D3 blockDim, gridDim;
-struct Barrier {
-  std::mutex m; std::condition_variable cv; int n = 1, count = 0, gen = 0;
-  void wait() {
-    std::unique_lock<std::mutex> l(m);
-    int g = gen;
-    if (++count == n) { count = 0; ++gen; cv.notify_all(); } else cv.wait(l, [&] { return g != gen; });
-  }
-} bar;
-inline void __syncthreads() { bar.wait(); }
-#define __global__
-#define __shared__ static
-#define __restrict__
-#define __launch_bounds__(n)
-#define __align__(n)
-inline void pdl_start() {}
-using std::min;
-std::mutex atomics;
-inline float atomicAdd(float* p, float v) { std::lock_guard<std::mutex> l(atomics); float o = *p; *p += v; return o; }
-inline float bits_f32(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
-inline float ld_bfloat16(const void* b, i64 o) { return bits_f32(unsigned(((const u16*)b)[o]) << 16); }
-inline void st_float32(void* b, i64 o, float v) { ((float*)b)[o] = v; }
-inline u16 f32_bf16(float f) {  // round to nearest even (the operands are bfloat16 already: exact)
-  unsigned x; std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return u16(x >> 16);
-}
-static unsigned FA[256][4], FB[256][2];
-inline float lo16(unsigned r) { return bits_f32(r << 16); }
-inline float hi16(unsigned r) { return bits_f32(r & 0xffff0000u); }
-// mma.sync.m16n8k16.row.col with float32 accumulators: the warp's fragments gathered, each thread its 4 outputs.
-inline void mma_host(float* c, const unsigned* a, const unsigned* b) {
-  int t = threadIdx.x, w = t / 32 * 32, g = (t % 32) >> 2, q = (t & 3) * 2;
-  std::memcpy(FA[t], a, 16); std::memcpy(FB[t], b, 8);
-  __syncthreads();
-  float A[16][16], B[16][8];
-  for (int l = 0; l < 32; ++l) {
-    int gl = l >> 2, ql = (l & 3) * 2;
-    const unsigned *fa = FA[w + l], *fb = FB[w + l];
-    A[gl][ql] = lo16(fa[0]); A[gl][ql + 1] = hi16(fa[0]); A[gl + 8][ql] = lo16(fa[1]); A[gl + 8][ql + 1] = hi16(fa[1]);
-    A[gl][ql + 8] = lo16(fa[2]); A[gl][ql + 9] = hi16(fa[2]); A[gl + 8][ql + 8] = lo16(fa[3]); A[gl + 8][ql + 9] = hi16(fa[3]);
-    B[ql][gl] = lo16(fb[0]); B[ql + 1][gl] = hi16(fb[0]); B[ql + 8][gl] = lo16(fb[1]); B[ql + 9][gl] = hi16(fb[1]);
-  }
-  for (int k = 0; k < 16; ++k) {
-    c[0] += A[g][k] * B[k][q]; c[1] += A[g][k] * B[k][q + 1];
-    c[2] += A[g + 8][k] * B[k][q]; c[3] += A[g + 8][k] * B[k][q + 1];
-  }
-  __syncthreads();
-}
-"""
-
+# The implicit-GEMM kernels compiled as C++ for the host (cuda_host.py): what CI can check of their indexing (row,
+# column and batch offsets, k tables, the register pipeline, k splits) beyond NVRTC's compile.
 _HOST_MAIN = r"""
-template <class F> void launch(unsigned gx, unsigned gy, unsigned gz, int threads, F f) {
-  bar.n = threads;
-  gridDim = {gx, gy, gz};
-  blockDim = {unsigned(threads), 1, 1};
-  for (unsigned z = 0; z < gz; ++z)
-    for (unsigned y = 0; y < gy; ++y)
-      for (unsigned x = 0; x < gx; ++x) {
-        std::vector<std::thread> ts;
-        for (int t = 0; t < threads; ++t)
-          ts.emplace_back([&, t] { threadIdx = {unsigned(t), 0, 0}; blockIdx = {x, y, z}; f(); });
-        for (auto& t : ts) t.join();
-      }
-}
 int main(int argc, char** argv) {
   i64 np, na, nb, nout, G[3], threads, zero, splits;
   FILE* f = std::fopen(argv[1], "rb");
@@ -244,12 +166,6 @@ int main(int argc, char** argv) {
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
 }
 """
-
-
-def _host_compiler():
-    import shutil
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-    return cxx
 
 
 def _run_on_host(fn, arrays, dtype, sms, tmp_path):
@@ -283,15 +199,12 @@ def _run_on_host(fn, arrays, dtype, sms, tmp_path):
                                                        16 if dtype == "float32" else 32, bool(zero), sms)
     assert ok
     params += slots
-    src = (_HOST_CUDA + main + "".join(zero) + _HOST_MAIN.replace("MAIN", name)
-           .replace("ZERO", re.search(r"void (k\d+)\(", zero[0]).group(1) if zero else "MAIN"))
-    (tmp_path / "k.cpp").write_text(src)
-    subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-pthread", "-o", str(tmp_path / "k"),
-                    str(tmp_path / "k.cpp")], check=True, capture_output=True)
+    exe = cuda_host.build(main + "".join(zero) + _HOST_MAIN.replace("MAIN", name).replace(
+        "ZERO", re.search(r"void (k\d+)\(", zero[0]).group(1) if zero else "MAIN"), tmp_path)
     head = [len(params), len(data[0]), len(data[1]), params[1], *grid, 128 if dtype != "float32" else 256,
             int(bool(zero)), slots[6]]
     (tmp_path / "in.bin").write_bytes(np.array(head + params, np.int64).tobytes() + data[0] + data[1])
-    subprocess.run([str(tmp_path / "k"), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
+    subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True)
     return np.fromfile(tmp_path / "out.bin", np.float32).reshape([int(s) for s in node.shape]), slots[6]
 
 
@@ -306,7 +219,7 @@ HOST_CASES = [  # (dtype, sms, x, w, kwargs, k split expected)
 @pytest.mark.parametrize("case", HOST_CASES, ids=lambda c: f"{c[0]}-{c[2]}x{c[3]}-sms{c[1]}")
 def test_kernels_on_the_host(case, tmp_path):
     dtype, sms, xs, ws, kw, split = case
-    if needs_nvrtc() is not None or not _host_compiler():
+    if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
     gen = np.random.default_rng(0)
     x, w = (torch.from_numpy(gen.standard_normal(s).astype(np.float32)) for s in (xs, ws))

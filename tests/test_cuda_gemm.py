@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+import cuda_host
 import luminal as lm
 from helpers import NVRTC_CHECK, Backend, check, needs_cuda, needs_nvrtc
 
@@ -311,38 +312,6 @@ COPY_CASES = [  # (shape [rows..., K], strides, offset in elements, from, vec ex
     ((4, 24), (48, 2), 0, "bfloat16", False),  # k strided
 ]
 
-_COPY_HOST = r"""
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-typedef long long i64;
-typedef unsigned short u16;
-struct D3 { unsigned x, y, z; };
-D3 threadIdx, blockIdx, blockDim, gridDim;
-struct uint4 { unsigned x, y, z, w; };
-#define __global__
-inline float bits_f32(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline void aligned16(const void* p) { if (uintptr_t(p) % 16) { std::fprintf(stderr, "unaligned 16-byte access\n"); std::abort(); } }
-inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
-inline float ld_bfloat16(const void* b, i64 o) { return bits_f32(unsigned(((const u16*)b)[o]) << 16); }
-inline float ld_float16(const void* b, i64 o) { return (float)((const _Float16*)b)[o]; }
-inline u16 f32_bf16(float f) {
-  unsigned x; std::memcpy(&x, &f, 4);
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return u16(x >> 16);
-}
-inline u16 f32_f16(float f) { _Float16 h = (_Float16)f; u16 u; std::memcpy(&u, &h, 2); return u; }
-template <class T> void st_bfloat16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_bf16((float)v); }
-template <class T> void st_float16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_f16((float)v); }
-inline void ld8_float32(const void* b, i64 o, float* x) { aligned16((const float*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_float32(b, o + j); }
-inline void ld8_bfloat16(const void* b, i64 o, float* x) { aligned16((const u16*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_bfloat16(b, o + j); }
-inline void ld8_float16(const void* b, i64 o, float* x) { aligned16((const u16*)b + o); for (int j = 0; j < 8; ++j) x[j] = ld_float16(b, o + j); }
-inline unsigned pack_bfloat16(float lo, float hi) { return f32_bf16(lo) | unsigned(f32_bf16(hi)) << 16; }
-inline unsigned pack_float16(float lo, float hi) { return f32_f16(lo) | unsigned(f32_f16(hi)) << 16; }
-"""
-
 _COPY_MAIN = r"""
 int main(int argc, char** argv) {
   i64 h[24];  // vec, rows, K, rank, n[8], s[8], gx, gy, in bytes, offset bytes
@@ -375,19 +344,14 @@ int main(int argc, char** argv) {
 @pytest.fixture(scope="module")
 def copy_program(tmp_path_factory):
     """The host build of the copy kernels per pair of dtypes, compiled once for the module."""
-    from test_cuda_conv import _host_compiler
-
-    if not _host_compiler():
+    if not cuda_host.compiler():
         pytest.skip("needs a host C++ compiler")
     built = {}
 
     def get(src, to):
         if (src, to) not in built:
             d = tmp_path_factory.mktemp(f"copy_{src}_{to}")
-            (d / "k.cpp").write_text(_COPY_HOST + lm._core.cublas_copy_source(src, to) + _COPY_MAIN)
-            subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-o", str(d / "k"), str(d / "k.cpp")],
-                           check=True, capture_output=True)
-            built[src, to] = d / "k"
+            built[src, to] = cuda_host.build(lm._core.cublas_copy_source(src, to) + _COPY_MAIN, d)
         return built[src, to]
 
     return get

@@ -6,16 +6,16 @@ also asserts (through LUMINAL_PROFILE's per-kernel lines) which kernel ran; `cud
 without a GPU (its values come from the CPU kernels, which quantise decode activations: a loose check)."""
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 
 import numpy as np
 import pytest
 
+import cuda_host
 import luminal as lm
 from conftest import BACKENDS
-from helpers import as_dtype, needs_nvrtc
+from helpers import as_dtype, needs_nvrtc, random_quant_blocks
 from luminal.compiler import QuantizedLowering, QuantizedStacking
 from luminal.quant import QuantizedWeight, dequantize
 
@@ -28,27 +28,6 @@ def backend(request):
     if reason:
         pytest.skip(f"backend {request.param.name}: {reason}")
     return request.param
-
-
-def random_blocks(gen, qtype, rows, cols):
-    """Random raw GGUF rows (uint8, rows x blocks * block bytes) and their float32 values."""
-    nb = cols // 32
-    d = gen.uniform(0.01, 0.1, (rows, nb)).astype(np.float16) * gen.choice([-1, 1], (rows, nb)).astype(np.float16)
-    if qtype == "Q8_0":
-        q = gen.integers(-128, 128, (rows, nb, 32)).astype(np.int8)  # (-128 too: llama.cpp never writes it, but may)
-        raw = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], -1)
-        vals = d.astype(np.float32)[..., None] * q.astype(np.float32)
-    else:
-        q = gen.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
-        packed = (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
-        if qtype == "Q4_0":
-            raw = np.concatenate([d[..., None].view(np.uint8), packed], -1)
-            vals = d.astype(np.float32)[..., None] * (q.astype(np.float32) - 8)
-        else:
-            m = gen.uniform(-0.5, 0.5, (rows, nb)).astype(np.float16)
-            raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
-            vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
-    return raw.reshape(rows, -1), vals.reshape(rows, cols)
 
 
 def kernel_of(qtype: str, rows: int, dtype: str) -> str:
@@ -121,7 +100,7 @@ def test_qmatmul_symbolic_rows(backend, qtype, dtype, k, rng, monkeypatch, capfd
     """One compiled graph over a symbolic number of rows: 1 and 3 (decode), 70 (prefill: a partial 64-row tile) and
     back to 2; 37 output columns (odd: the matrix-vector kernel's last pair has one column)."""
     n = 37
-    raw, vals = random_blocks(rng.gen, qtype, n, k)
+    raw, vals = random_quant_blocks(rng.gen, qtype, n, k)
     g = lm.Graph()
     w = dequantize(g, QuantizedWeight(raw, qtype, (n, k)))
     xt = g.tensor(("s", k), name="x")
@@ -138,7 +117,7 @@ def test_qmatmul_symbolic_rows(backend, qtype, dtype, k, rng, monkeypatch, capfd
 def test_q8_batched_rows(backend, rows, rng, monkeypatch, capfd):
     """Activations with leading batch dims, (2, rows, K): the kernels flatten them into rows."""
     n, k = 50, 96
-    raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     g = lm.Graph()
     w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
     x = rng.data((2, rows, k)).astype(np.float32)
@@ -160,7 +139,7 @@ def test_q8_stacked_weights(backend, rows, rng, monkeypatch, capfd):
     h = xt * 1.5
     outs, vals = [], []
     for j, n in enumerate((41, 7, 24)):
-        raw, v = random_blocks(rng.gen, "Q8_0", n, k)
+        raw, v = random_quant_blocks(rng.gen, "Q8_0", n, k)
         outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)), name=f"w{j}").T).output())
         vals.append((v, raw))
     g.compile(lm.GenericCompiler(), QuantizedLowering(), QuantizedStacking(), *backend.compilers("float16"))
@@ -174,7 +153,7 @@ def test_q8_unaligned_activations(backend, rows, rng, monkeypatch, capfd):
     """Activation rows that are not 16-byte aligned (a column slice at an odd offset): qdot's quantising kernel reads
     them element by element; more rows take the warp-per-output kernel (the tensor-core one loads float4s)."""
     n, k = 33, 64
-    raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     g = lm.Graph()
     w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
     x = rng.data((rows, k + 1)).astype(np.float32)
@@ -191,7 +170,7 @@ def test_q8_weight_rows_2_byte_aligned(backend, rows, rng, monkeypatch, capfd):
     """Packed rows read through a view 2 bytes into a wider buffer (rows 2-byte but not 4-byte aligned, as every
     other row of an odd number of blocks is): the Q8_0 kernels read blocks with 2-byte loads."""
     n, k = 45, 128
-    raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     wide = np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
     g = lm.Graph()
     t = g.tensor(wide.shape, lm.uint8, name="raw").set(wide)
@@ -209,7 +188,7 @@ def test_q8_float_matvec_when_dp4a_off(backend, rows, rng, monkeypatch, capfd):
     """LUMINAL_CUDA_Q8_DP4A=0 (comparison runs) leaves decode to the float32 kernel, qgemv, which keeps its exact
     values (no activation quantisation); K of 130 blocks, 37 columns (its last pair has one)."""
     n, k = 37, 4160
-    raw, vals = random_blocks(rng.gen, "Q8_0", n, k)
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     monkeypatch.setenv("LUMINAL_CUDA_Q8_DP4A", "0")
     g = lm.Graph()
     w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
@@ -221,107 +200,15 @@ def test_q8_float_matvec_when_dp4a_off(backend, rows, rng, monkeypatch, capfd):
     close(y.numpy(), (x * np.float32(1.5)).astype(np.float64) @ vals.astype(np.float64).T, backend, rng)
 
 
-# ---- qdot's two kernels run on the host (no GPU): their printed CUDA compiled as C++ with the intrinsics emulated,
-# a thread per CUDA thread, the warp shuffles through a per-warp barrier; the values against quantize_rows. --------
-_HOST = r"""
-#include <algorithm>
-#include <cmath>
-#include <condition_variable>
-#include <cstdio>
-#include <cstring>
-#include <mutex>
-#include <thread>
-#include <vector>
-typedef long long i64;
-typedef unsigned short u16;
-typedef unsigned char u8;
-struct D3 { unsigned x, y, z; };
-thread_local D3 threadIdx, blockIdx;
-D3 blockDim, gridDim;
-struct Barrier {
-  std::mutex m; std::condition_variable cv; int n = 1, count = 0, gen = 0;
-  void wait() {
-    std::unique_lock<std::mutex> l(m);
-    int g = gen;
-    if (++count == n) { count = 0; ++gen; cv.notify_all(); } else cv.wait(l, [&] { return g != gen; });
-  }
-} bar, wbar[32];
-inline void __syncthreads() { bar.wait(); }
-#define __global__
-#define __shared__ static
-#define __restrict__
-#define __launch_bounds__(...)
-inline void pdl_start() {}
-using std::min;
-struct int2 { int x, y; };
-inline int2 make_int2(int a, int b) { return {a, b}; }
-template <class T> T __ldg(const T* p) { return *p; }
-inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-  unsigned long long v = x | ((unsigned long long)y << 32);
-  unsigned r = 0;
-  for (int i = 0; i < 4; ++i) r |= unsigned((v >> (8 * ((s >> (4 * i)) & 7))) & 255) << (8 * i);
-  return r;
-}
-inline int __dp4a(int a, int b, int c) {
-  for (int i = 0; i < 4; ++i) c += int((signed char)(a >> (8 * i))) * int((signed char)(b >> (8 * i)));
-  return c;
-}
-inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
-inline float f16_f32(u16 h) {
-  int e = (h >> 10) & 31, m = h & 1023;
-  float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 1024), e - 25);
-  return h >> 15 ? -v : v;
-}
-inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
-inline void st_float32(void* b, i64 o, float v) { ((float*)b)[o] = v; }
-static double xbuf[1024];
-template <class T> T shfl_xor(T v, int o) {
-  int t = threadIdx.x;
-  xbuf[t] = double(v);
-  wbar[t / 32].wait();
-  T r = T(xbuf[t ^ o]);
-  wbar[t / 32].wait();
-  return r;
-}
-template <class T> T warp_sum(T v) { for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o); return v; }
-template <class T> T warp_max(T v) { for (int o = 16; o > 0; o >>= 1) v = std::max(v, shfl_xor(v, o)); return v; }
-template <class F> void launch(unsigned blocks, int threads, F f) {
-  bar.n = threads;
-  for (auto& b : wbar) b.n = 32;
-  gridDim = {blocks, 1, 1};
-  blockDim = {unsigned(threads), 1, 1};
-  for (unsigned x = 0; x < blocks; ++x) {
-    std::vector<std::thread> ts;
-    for (int t = 0; t < threads; ++t)
-      ts.emplace_back([&, t] { threadIdx = {unsigned(t), 0, 0}; blockIdx = {x, 0, 0}; f(); });
-    for (auto& t : ts) t.join();
-  }
-}
-std::vector<char> load(const char* path) {
-  FILE* f = std::fopen(path, "rb");
-  std::vector<char> v;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) v.insert(v.end(), buf, buf + n);
-  std::fclose(f);
-  return v;
-}
-"""
-
-
-def _host_compiler():
-    import shutil
-
-    return os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-
-
+# ---- qdot's two kernels run on the host (no GPU, cuda_host.py): the values against quantize_rows. -----------------
 @pytest.mark.parametrize("rows,n,k", [(2, 37, 4128), (1, 9, 96), (4, 6, 32)])
 def test_qdot_kernels_on_the_host(rows, n, k, rng, tmp_path):
     """129 blocks (one warp's lanes take a second step; rows of 4,386 bytes: every other row only 2-byte aligned), 3
     blocks (most lanes idle) and 1; 37 and 9 columns (the last group of 4 partly past N); grids smaller than the
     work (grid-stride loops)."""
-    if needs_nvrtc() is not None or not _host_compiler():
+    if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    raw, _ = random_blocks(rng.gen, "Q8_0", n, k)
+    raw, _ = random_quant_blocks(rng.gen, "Q8_0", n, k)
     x = rng.data((rows, k)).astype(np.float32)
     x[0, :32] = 0.0  # (an all-zero block: scale 0, no division by it)
     cx = lm.Graph()
@@ -347,20 +234,18 @@ int main() {{
   std::vector<char> x = load("x.bin"), w = load("w.bin"), ws({ws_bytes}, 0x55);
   std::vector<float> out({rows * n}, 12345.0f);
   int err = 0;
-  launch(2, 64, [&] {{ {quant}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
-  launch(3, 256, [&] {{ {variants[0][1]}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
+  launch(2, 1, 1, 64, [&] {{ {quant}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
+  launch(3, 1, 1, 256, [&] {{ {variants[0][1]}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
   FILE* f = std::fopen("out.bin", "wb");
   std::fwrite(out.data(), 4, out.size(), f);
   std::fclose(f);
 }}
 """
     dot = re.sub(r'asm volatile\("prefetch\.global\.L2.*?\);', ";", texts[variants[0][1]], flags=re.S)  # (hints)
-    (tmp_path / "k.cpp").write_text(_HOST + texts[quant] + dot + main)
+    exe = cuda_host.build(texts[quant] + dot + main, tmp_path)
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     (tmp_path / "w.bin").write_bytes(np.ascontiguousarray(raw).tobytes())
-    subprocess.run([_host_compiler(), "-O1", "-std=c++17", "-w", "-pthread", "-o", str(tmp_path / "k"),
-                    str(tmp_path / "k.cpp")], check=True, capture_output=True)
-    subprocess.run([str(tmp_path / "k")], check=True, cwd=tmp_path)
+    subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(rows, n)
     want = expected_dp4a(x, raw, k)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
