@@ -1934,8 +1934,9 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   idx.push_back(jn);
   // An additive mask (x = A + M, M not reading the scores): where M is -inf for all the block's rows and the tile's
   // keys, x is too (for finite scores), and the tile is skipped before it is loaded (causal prefill: the tiles past
-  // the block's last row). The thread's elements (rows g, g + 8; keys q2, q2 + 1 of each 8) in groups of 4, until
-  // one is live; the vote is also the barrier before the tiles are overwritten.
+  // the block's last row). The thread's 32 elements (rows g, g + 8; keys q2, q2 + 1 of each 8) all loaded at once
+  // (the mask may come from memory, not cache: one latency per tile; the scores' pass then finds them in L1); the
+  // vote is also the barrier before the tiles are overwritten.
   int mreg = -1;
   if (skip) {
     const Instr& xi = prog.code[size_t(sm.x)];
@@ -1950,11 +1951,11 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     }
   }
   if (mreg >= 0)
-    f << "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n        if (!live_) {\n"
+    f << "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
       << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
       << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at
       << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1), {{plan.scores, "0.0f"}})
-      << "          live_ = live_ || (float)r" << mreg << " != ninf;\n          }\n        }\n        }\n"
+      << "          live_ |= (float)r" << mreg << " != ninf;\n          }\n        }\n"
       << "      if (!__syncthreads_or(live_)) continue;\n";
   else
     f << "      __syncthreads();\n";
