@@ -79,13 +79,22 @@ def _nvrtc_flush():
     NVRTC_CHECK.flush()
 
 
-@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
-def backend(request):
-    b = request.param
+def _usable(b):
     reason = b.skip_reason()
     if reason:
         pytest.skip(f"backend {b.name}: {reason}")
     return b
+
+
+@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
+def backend(request):
+    return _usable(request.param)
+
+
+@pytest.fixture(params=[b for b in BACKENDS if b.name.startswith("cuda")], ids=lambda b: b.name)
+def cuda_backend(request):
+    """The CUDA backends alone (the GPU, and NVRTC compile checks), for tests of CUDA kernels."""
+    return _usable(request.param)
 
 
 @pytest.fixture

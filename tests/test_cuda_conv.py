@@ -18,20 +18,11 @@ import torch.nn.functional as F
 import luminal as lm
 import luminal.nn.functional as LF
 import cuda_host
-from helpers import NVRTC_CHECK, Backend, check, compare, needs_cuda, needs_nvrtc, run
+from helpers import NVRTC_CHECK, check, compare, needs_cuda, needs_nvrtc, run
 
-BACKENDS = [
-    Backend("cuda", lambda dtype: [lm.CudaCompiler(dtype)], needs_cuda),
-    Backend("cuda-nvrtc", lambda dtype: [lm.CudaCompiler(dtype, device=None), NVRTC_CHECK], needs_nvrtc),
-]
-
-
-@pytest.fixture(params=BACKENDS, ids=lambda b: b.name)
-def backend(request):
-    reason = request.param.skip_reason()
-    if reason:
-        pytest.skip(f"backend {request.param.name}: {reason}")
-    return request.param
+@pytest.fixture
+def backend(cuda_backend):
+    return cuda_backend
 
 
 def _pair(name, **kw):

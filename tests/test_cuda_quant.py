@@ -14,20 +14,13 @@ import pytest
 
 import cuda_host
 import luminal as lm
-from conftest import BACKENDS
 from helpers import as_dtype, needs_nvrtc, random_quant_blocks
 from luminal.compiler import QuantizedLowering, QuantizedStacking
 from luminal.quant import QuantizedWeight, dequantize
 
-CUDA_BACKENDS = [b for b in BACKENDS if b.name in ("cuda", "cuda-nvrtc")]
-
-
-@pytest.fixture(params=CUDA_BACKENDS, ids=lambda b: b.name)
-def backend(request):
-    reason = request.param.skip_reason()
-    if reason:
-        pytest.skip(f"backend {request.param.name}: {reason}")
-    return request.param
+@pytest.fixture
+def backend(cuda_backend):
+    return cuda_backend
 
 
 def kernel_of(qtype: str, rows: int, dtype: str) -> str:

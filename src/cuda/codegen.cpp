@@ -241,9 +241,9 @@ std::string params(const std::vector<std::string>& args) {
 std::string params(int nin) { return params(input_names(nin)); }
 
 // A warp's 32 x 32 share of a 64 x 64 tile (warp wm, wn of 2 x 2) over `bk` k held in shared memory as As[row][k]
-// and Bs[col][k] in the 16-bit type `ct`: mma.sync m16n8k16 into acc[2][4][4] (lane: g = lane / 4, q = 2 * (lane %
-// 4)).
-std::string warp_mma_tile(const std::string& ct, int bk) {
+// and Bs[col][k] in the 16-bit type `ct`: mma.sync m16n8k16 into the float array `acc`[2][4][4] (lane: g = lane / 4,
+// q = 2 * (lane % 4)).
+std::string warp_mma_tile(const std::string& ct, int bk, const std::string& acc = "acc") {
   Text t;
   t << "#pragma unroll\n"
     << "    for (int kk = 0; kk < " << bk << "; kk += 16) {\n"
@@ -255,13 +255,14 @@ std::string warp_mma_tile(const std::string& ct, int bk) {
     << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
     << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
     << "      for (int j = 0; j < 4; ++j) {\n"
-    << "        int c = wn * 32 + j * 8 + g;\n"
-    << "        bf[j][0] = *(const unsigned*)&Bs[c][kk + q];\n"
-    << "        bf[j][1] = *(const unsigned*)&Bs[c][kk + q + 8];\n      }\n"
+    << "        int cn = wn * 32 + j * 8 + g;\n"
+    << "        bf[j][0] = *(const unsigned*)&Bs[cn][kk + q];\n"
+    << "        bf[j][1] = *(const unsigned*)&Bs[cn][kk + q + 8];\n      }\n"
     << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
     << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
     << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
-    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+    << "                       : \"+f\"(" << acc << "[i][j][0]), \"+f\"(" << acc << "[i][j][1]), \"+f\"(" << acc
+    << "[i][j][2]), \"+f\"(" << acc << "[i][j][3])\n"
     << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
        "\"r\"(bf[j][1]));\n"
     << "    }\n";
@@ -1387,25 +1388,7 @@ std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
     << "      Bs[lr][lk + 2 * h + 1] = " << cv << "((float)(signed char)(v >> 8));\n    }\n"
     << "    __syncthreads();\n"
     << "    float c[2][4][4] = {};\n"
-    << "#pragma unroll\n"
-    << "    for (int kk = 0; kk < 32; kk += 16) {\n"
-    << "      unsigned af[2][4], bf[4][2];\n"
-    << "      for (int i = 0; i < 2; ++i) {\n"
-    << "        int r = wm * 32 + i * 16 + g;\n"
-    << "        af[i][0] = *(const unsigned*)&As[r][kk + q];\n"
-    << "        af[i][1] = *(const unsigned*)&As[r + 8][kk + q];\n"
-    << "        af[i][2] = *(const unsigned*)&As[r][kk + q + 8];\n"
-    << "        af[i][3] = *(const unsigned*)&As[r + 8][kk + q + 8];\n      }\n"
-    << "      for (int j = 0; j < 4; ++j) {\n"
-    << "        int cc = wn * 32 + j * 8 + g;\n"
-    << "        bf[j][0] = *(const unsigned*)&Bs[cc][kk + q];\n"
-    << "        bf[j][1] = *(const unsigned*)&Bs[cc][kk + q + 8];\n      }\n"
-    << "      for (int i = 0; i < 2; ++i)\n        for (int j = 0; j < 4; ++j)\n"
-    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
-    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
-    << "                       : \"+f\"(c[i][j][0]), \"+f\"(c[i][j][1]), \"+f\"(c[i][j][2]), \"+f\"(c[i][j][3])\n"
-    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), \"r\"(bf[j][1]));\n"
-    << "    }\n"
+    << warp_mma_tile(ct, 32, "c")
     << "#pragma unroll\n"
     << "    for (int j = 0; j < 4; ++j) {\n"
     << "      float s0 = Ds[wn * 32 + j * 8 + q], s1 = Ds[wn * 32 + j * 8 + q + 1];\n"
@@ -1577,6 +1560,31 @@ void Generator::attention_step(Step& st, const Node& n) {
   };
 
   std::optional<SoftmaxForm> sm = softmax_form(prog);
+  // The Flash and FlashDecode kernels' online softmax for row i of a warp's rows, a lane per key j: x from the
+  // score `score` (0 past the range), the row's running max and sum updated over the warp, pe<i> this lane's weight,
+  // and the row's `ncols` accumulators (indexed by `col`) rescaled.
+  auto online_row = [&](int i, const std::string& score, const std::string& col, const std::string& ncols) {
+    std::string I = std::to_string(i);
+    std::vector<std::string> idx;
+    Text r;
+    r << "      float pe" << I << " = 0.0f;\n      if (ok" << I << ") {\n        float x_ = ninf;\n"
+      << "        if (j < jhi) {\n";
+    for (int d = 0; d + 1 < Rp; ++d) {
+      r << "    i64 i" << d << " = x" << I << "_" << d << ";\n";
+      idx.push_back("i" + std::to_string(d));
+    }
+    r << "    i64 " << jn << " = j;\n";
+    idx.push_back(jn);
+    r << body_of(idx, prog.needed_for(size_t(sm->x)), size_t(-1), score) << "          x_ = (float)r" << sm->x
+      << ";\n        }\n"
+      << "        float mn = op_max(m" << I << ", warp_max(x_)), mu = mn == ninf ? 0.0f : mn;\n"
+      << "        float al = op_exp2((m" << I << " - mu) * c_);\n"
+      << "        pe" << I << " = op_exp2((x_ - mu) * c_);\n"
+      << "        l" << I << " = l" << I << " * al + warp_sum(pe" << I << ");\n        m" << I << " = mn;\n"
+      << "#pragma unroll\n        for (int " << col << " = 0; " << col << " < " << ncols << "; ++" << col << ") acc" << I
+      << "[" << col << "] *= al;\n      }\n";
+    return r.str();
+  };
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
   if (sm && !dbl && (compute_ == DType::BF16 || compute_ == DType::F16)) {
     // Head sizes known when printing: the tensor-core kernel for them (D and N padded to a multiple of 16).
@@ -1646,25 +1654,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       f << "        for (int d = 0; d < " << Dc << "; ++d) {\n          float kx = " << ld(1) << "kb + j * "
         << kv.stride(Rq - 2) << " + d * " << kv.stride(Rq - 1) << ");\n#pragma unroll\n"
         << "          for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n        }\n      }\n";
-      std::vector<char> need = prog.needed_for(size_t(sm->x));
-      for (int i = 0; i < RW; ++i) {
-        std::string I = std::to_string(i);
-        std::vector<std::string> idx;
-        f << "      float pe" << I << " = 0.0f;\n      if (ok" << I << ") {\n        float x_ = ninf;\n"
-          << "        if (j < jhi) {\n";
-        for (int d = 0; d + 1 < Rp; ++d) {
-          f << "    i64 i" << d << " = x" << I << "_" << d << ";\n";
-          idx.push_back("i" + std::to_string(d));
-        }
-        f << "    i64 " << jn << " = j;\n";
-        idx.push_back(jn);
-        f << body_of(idx, need, size_t(-1), "s[" + I + "]") << "          x_ = (float)r" << sm->x << ";\n        }\n"
-          << "        float mn = op_max(m" << I << ", warp_max(x_)), mu = mn == ninf ? 0.0f : mn;\n"
-          << "        float al = op_exp2((m" << I << " - mu) * c_);\n"
-          << "        pe" << I << " = op_exp2((x_ - mu) * c_);\n"
-          << "        l" << I << " = l" << I << " * al + warp_sum(pe" << I << ");\n        m" << I << " = mn;\n"
-          << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] *= al;\n      }\n";
-      }
+      for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
       // V's rows of the tile: lane l holds columns l * CPL.. (one load of CPL consecutive values when aligned).
       const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
       Text vl;
@@ -1757,25 +1747,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       << "#pragma unroll 4\n      for (int d = 0; d < D; ++d) {\n        float kk = Ks[lane][d];\n"
       << "        s0 += Qs[w * 4][d] * kk;\n        s1 += Qs[w * 4 + 1][d] * kk;\n"
       << "        s2 += Qs[w * 4 + 2][d] * kk;\n        s3 += Qs[w * 4 + 3][d] * kk;\n      }\n";
-    std::vector<char> need = prog.needed_for(size_t(sm->x));
-    for (int i = 0; i < W; ++i) {
-      std::string I = std::to_string(i);
-      std::vector<std::string> idx;
-      f << "      float pe" << I << " = 0.0f;\n      if (ok" << I << ") {\n        float x_ = ninf;\n"
-        << "        if (j < jhi) {\n";
-      for (int d = 0; d + 1 < Rp; ++d) {
-        f << "    i64 i" << d << " = x" << I << "_" << d << ";\n";
-        idx.push_back("i" + std::to_string(d));
-      }
-      f << "    i64 " << jn << " = j;\n";
-      idx.push_back(jn);
-      f << body_of(idx, need, size_t(-1), "s" + I) << "          x_ = (float)r" << sm->x << ";\n        }\n"
-        << "        float mn = op_max(m" << I << ", warp_max(x_)), mu = mn == ninf ? 0.0f : mn;\n"
-        << "        float al = op_exp2((m" << I << " - mu) * c_);\n"
-        << "        pe" << I << " = op_exp2((x_ - mu) * c_);\n"
-        << "        l" << I << " = l" << I << " * al + warp_sum(pe" << I << ");\n        m" << I << " = mn;\n"
-        << "#pragma unroll\n        for (int cc = 0; cc < 4; ++cc) acc" << I << "[cc] *= al;\n      }\n";
-    }
+    for (int i = 0; i < W; ++i) f << online_row(i, "s" + std::to_string(i), "cc", "4");
     f << "#pragma unroll 4\n      for (int jj = 0; jj < 32; ++jj) {\n"
       << "        float p0 = __shfl_sync(0xffffffffu, pe0, jj), p1 = __shfl_sync(0xffffffffu, pe1, jj);\n"
       << "        float p2 = __shfl_sync(0xffffffffu, pe2, jj), p3 = __shfl_sync(0xffffffffu, pe3, jj);\n"
