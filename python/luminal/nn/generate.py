@@ -255,11 +255,10 @@ class Session:
 
     def generate_batch(self, prompts, max_new_tokens: int = 128, stop_ids=()) -> list[list[int]]:
         """Greedy decoding of up to `batch` prompts at once (a Session made with `batch`; of one length unless made
-        with left_padding): returns
-        each prompt's new tokens, up to `max_new_tokens`, a list ending before its first stop token. Fewer prompts
-        than the batch are padded with copies of the last one (computed, then dropped). `self.stats` holds the
-        timings: decode_tokens counts steps, each a token of every sequence of the batch. Starts new sequences
-        (like reset)."""
+        with left_padding): returns each prompt's new tokens, up to `max_new_tokens`, a list ending before its first
+        stop token. Fewer prompts than the batch are padded with copies of the last one (computed, then dropped).
+        `self.stats` holds the timings: decode_tokens counts steps, each a token of every sequence of the batch.
+        Starts new sequences (like reset)."""
         if self.batch is None:
             raise ValueError("generate_batch needs a Session made with batch=b; use generate for one sequence")
         n = len(prompts)
