@@ -4,13 +4,17 @@
 set -o pipefail
 OUT=${OUT:-gpu-logs}; mkdir -p "$OUT"
 nvidia-smi -L
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/dev >"$OUT/build.log" 2>&1 \
-  || { tail -50 "$OUT/build.log"; exit 1; }
+# A fresh build folder: a machine kept warm between callers may hold another tree's objects, which ninja can link
+# stale (their timestamps can be newer than this tree's sources).
+rm -rf build/gpu-check python/luminal/_core*.so
+cmake -S . -B build/gpu-check -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build/gpu-check \
+  >"$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 export PYTHONPATH=python LUMINAL_TEST_SEED=${LUMINAL_TEST_SEED:-1234} PYTHONUNBUFFERED=1
 SEL=${SEL:-"cuda and not nvrtc"}
 if [ -z "$SKIP_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -n 8 -p no:cacheprovider --tb=line -rfE -k "$SEL" \
-    tests/test_cuda.py tests/test_ops.py tests/test_errors.py tests/test_llama.py ${EXTRA_TESTS} 2>&1 \
+    tests/test_cuda*.py tests/test_ops.py tests/test_errors.py tests/test_llama.py tests/test_sdpa.py tests/test_conv.py \
+    tests/test_batched_decode.py ${EXTRA_TESTS} 2>&1 \
     | tee "$OUT/pytest.log" | grep -v "^\[gw" | tail -${TAIL:-60}
 fi
 # SANITIZE: a -k expression over the cuda tests ("cuda" for all). One process: compute-sanitizer did not follow
