@@ -62,7 +62,7 @@ inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
 inline float bits_f32(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float f16_f32(u16 h) {
   int e = (h >> 10) & 31, m = h & 1023;
-  float v = e == 0 ? std::ldexp(float(m), -24) : std::ldexp(float(m | 1024), e - 25);
+  float v = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(float(m | 1024), e - 25);
   return h >> 15 ? -v : v;
 }
 inline u16 f32_bf16(float f) {  // round to nearest even
@@ -70,14 +70,23 @@ inline u16 f32_bf16(float f) {  // round to nearest even
   x += 0x7fffu + ((x >> 16) & 1u);
   return u16(x >> 16);
 }
-inline u16 f32_f16(float f) { _Float16 h = (_Float16)f; u16 u; std::memcpy(&u, &h, 2); return u; }
+inline u16 f32_f16(float f) {  // round to nearest even (no _Float16: older host compilers lack it)
+  unsigned x; std::memcpy(&x, &f, 4);
+  unsigned sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return u16(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));  // inf, NaN
+  if (ax >= 0x477ff000u) return u16(sign | 0x7c00u);  // 65520 and up round to inf
+  if (ax < 0x38800000u) return u16(sign | unsigned(std::nearbyint(bits_f32(ax) * 16777216.0f)));  // subnormal
+  unsigned m = ax - 0x38000000u;  // the exponent rebiased from 127 to 15
+  m += 0x0fffu + ((m >> 13) & 1u);
+  return u16(sign | (m >> 13));
+}
 // Loads and stores by dtype; the 16-byte ones abort on a misaligned address, as the GPU would fault.
 inline void aligned16(const void* p) {
   if (uintptr_t(p) % 16) { std::fprintf(stderr, "unaligned 16-byte access\n"); std::abort(); }
 }
 inline float ld_float32(const void* b, i64 o) { return ((const float*)b)[o]; }
 inline float ld_bfloat16(const void* b, i64 o) { return bits_f32(unsigned(((const u16*)b)[o]) << 16); }
-inline float ld_float16(const void* b, i64 o) { return (float)((const _Float16*)b)[o]; }
+inline float ld_float16(const void* b, i64 o) { return f16_f32(((const u16*)b)[o]); }
 inline void st_float32(void* b, i64 o, float v) { ((float*)b)[o] = v; }
 template <class T> void st_bfloat16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_bf16((float)v); }
 template <class T> void st_float16(void* b, i64 o, T v) { ((u16*)b)[o] = f32_f16((float)v); }
