@@ -70,6 +70,17 @@ def pytest_report_header(config):
     return [f"luminal test seed: LUMINAL_TEST_SEED={BASE_SEED}", f"luminal backends: {names}"]
 
 
+@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
+def threads(request):
+    """The CPU backend's thread count for one test (1 and 2), restored after it."""
+    import luminal as lm
+
+    before = lm._core.num_threads()
+    lm._core.set_num_threads(request.param)
+    yield request.param
+    lm._core.set_num_threads(before)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _nvrtc_flush():
     """Compiles the kernels the cuda-nvrtc backend collected and has not compiled yet, once the tests are done."""

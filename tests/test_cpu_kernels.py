@@ -37,14 +37,6 @@ def dequant64(raw: np.ndarray, qtype: str, cols: int) -> np.ndarray:
     return (d * q + m).reshape(rows, cols)
 
 
-@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
-def threads(request):
-    before = lm._core.num_threads()
-    lm._core.set_num_threads(request.param)
-    yield request.param
-    lm._core.set_num_threads(before)
-
-
 @pytest.mark.parametrize("qtype", sorted(BLOCK_BYTES))
 # k = 256, 576, 800: eight-block groups of the decode kernel, with and without leftover blocks
 @pytest.mark.parametrize("rows_a,n,k", [(1, 7, 32), (1, 33, 96), (3, 5, 64), (4, 9, 160), (5, 17, 96), (35, 11, 64),

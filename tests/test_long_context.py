@@ -10,14 +10,6 @@ from luminal.nn import Llama, LlamaConfig, Session
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(params=[1, 2], ids=["1 thread", "2 threads"])
-def threads(request):
-    before = lm._core.num_threads()
-    lm._core.set_num_threads(request.param)
-    yield request.param
-    lm._core.set_num_threads(before)
-
-
 def gqa_attention(q, k_cache, v_cache, mask):
     """nn.Llama's attention over token-major caches: q (Hkv, rep * s, d), caches (t, Hkv, d), mask (s, t)."""
     cx = lm.Graph()

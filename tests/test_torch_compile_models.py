@@ -15,19 +15,11 @@ import torch.nn as nn
 
 import luminal.torch as lt
 from luminal import torch_backend
+from test_torch_compile import fresh  # noqa: F401 (autouse: dynamo, counters, warnings and the seed reset per test)
 
 transformers = pytest.importorskip("transformers")
 
 ATOL, RTOL = 1e-4, 1e-4
-
-
-@pytest.fixture(autouse=True)
-def fresh(seed):
-    torch._dynamo.reset()
-    lt.COUNTERS.clear()
-    torch.manual_seed(seed)
-    yield
-    torch._dynamo.reset()  # drop the compiled graphs
 
 
 def whole(model, *inputs, **kwargs):
