@@ -17,14 +17,19 @@ if [ -z "$SKIP_TESTS" ]; then
     tests/test_batched_decode.py ${EXTRA_TESTS} 2>&1 \
     | tee "$OUT/pytest.log" | grep -v "^\[gw" | tail -${TAIL:-60}
 fi
-# SANITIZE: a -k expression over the cuda tests ("cuda" for all). One process: compute-sanitizer did not follow
-# pytest-xdist's workers (a run with -n 8 instrumented only the parent, which runs no kernels).
+# SANITIZE: a -k expression over the cuda tests ("cuda" for all). One process per tool and file, all at once:
+# compute-sanitizer does not follow pytest-xdist's workers (a run with -n 8 instrumented only the parent).
 if [ -n "$SANITIZE" ]; then
+  SAN_FILES=${SAN_FILES:-"tests/test_ops.py tests/test_cuda.py tests/test_errors.py tests/test_llama.py"}
   for tool in memcheck racecheck; do
-    timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q -p no:cacheprovider -x \
-      tests/test_ops.py tests/test_cuda.py tests/test_errors.py tests/test_llama.py -k "cuda and not nvrtc and ($SANITIZE)" >"$OUT/sanitizer-$tool.log" 2>&1
-    echo "compute-sanitizer $tool: exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer-$tool.log" | tail -3
+    for f in $SAN_FILES; do
+      log="$OUT/sanitizer-$tool-$(basename $f .py).log"
+      ( timeout ${SAN_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
+          -p no:cacheprovider -x $f -k "cuda and not nvrtc and ($SANITIZE)" >"$log" 2>&1
+        echo "compute-sanitizer $tool $f: exit $? $(grep -hE 'ERROR SUMMARY|passed|failed' "$log" | tail -2 | tr '\n' ' ')" ) &
+    done
   done
+  wait
 fi
 if [ -n "$BENCH" ]; then
   timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/llm_gpu.py $BENCH_ARGS 2>&1 | tee "$OUT/bench.log" | tail -40
