@@ -212,14 +212,17 @@ class Graph:
             array = array.detach().cpu()
             array = (array.float() if str(array.dtype) == "torch.bfloat16" else array).numpy()
         arr = np.asarray(array)
+        raw_bf16 = want is dt.bfloat16 and arr.dtype == np.uint16  # raw bits, as result() gives them: kept as is
         kinds = "f" if want.is_float else "b" if want is dt.bool_ else "iu"
-        if arr.dtype.kind not in kinds:
+        if arr.dtype.kind not in kinds and not raw_bf16:
             raise TypeError(f"input '{node.name}' is {want.name}; got an array of {arr.dtype}")
         shape = node.shape
         if arr.ndim != len(shape):
             raise ValueError(f"input '{node.name}' expects shape {_fmt(shape)}, got an array of shape {arr.shape}")
         self._bind(shape, arr.shape, node.name)
-        if want is dt.bfloat16:
+        if raw_bf16:
+            arr = np.require(arr, requirements="C")
+        elif want is dt.bfloat16:
             arr = dt.bf16_bits(arr.astype(np.float32, copy=False))
         else:
             arr = np.require(arr, dtype=want.np, requirements="C")  # keeps 0-d arrays 0-d

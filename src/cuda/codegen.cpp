@@ -1591,7 +1591,10 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
-      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8, true)});
+      // (a 16-bit KV cache: two stages of K and V tiles in dynamic shared memory, see flash_mma)
+      bool kv16 = dtype_size(storage(n.inputs[1].node)) == 2 && dtype_size(storage(n.inputs[2].node)) == 2;
+      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8, true),
+                             kv16 ? 2 * 2 * 64 * (DH + 8) * 2 : 0});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
     }
   }
@@ -1604,11 +1607,13 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       const int RW = 4, Dc = int(dq.as_const()), Nc = int(dv.as_const()), CPL = std::max(1, (Nc + 31) / 32);
-      // The 16-byte paths (float32 k and v: a graph's k and v reach attention as float32, a cast being a step of
-      // its own), printed where the sizes allow; taken when the runtime's flag (p[E + 6]) says the rows are
-      // contiguous and 16-byte aligned.
-      bool kvec = Dc % 8 == 0 && storage(n.inputs[1].node) == DType::F32;
-      bool vvec = (CPL == 1 || CPL == 2 || CPL == 4) && Nc % CPL == 0 && storage(n.inputs[2].node) == DType::F32;
+      // The vector paths (float32 k and v, or both 16-bit: a 16-bit KV cache read through fuse_attention), printed
+      // where the sizes allow; taken when the runtime's flag (p[E + 6]) says the rows are contiguous and 16-byte
+      // aligned. k: 8 elements per load; v: CPL consecutive ones (float4/2/1, or 8/4/2 bytes of 16-bit).
+      DType ks = storage(n.inputs[1].node), vs = storage(n.inputs[2].node);
+      bool kv16 = dtype_size(ks) == 2 && dtype_size(vs) == 2;
+      bool kvec = Dc % 8 == 0 && (ks == DType::F32 || kv16);
+      bool vvec = (CPL == 1 || CPL == 2 || CPL == 4) && Nc % CPL == 0 && (vs == DType::F32 || kv16);
       std::string RWs = std::to_string(RW), CP = std::to_string(CPL);
       std::string NC = std::to_string(32 * CPL), DQ = std::to_string((Dc + 3) / 4 * 4);
       Text f;
@@ -1647,7 +1652,8 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "      if (j < jhi) {\n";
       if (kvec)
         f << "        if (vk) {\n#pragma unroll\n          for (int d8 = 0; d8 < " << Dc / 8 << "; ++d8) {\n"
-          << "            float kx[8];\n            ld8_float32(e1, kb + j * " << kv.stride(Rq - 2) << " + d8 * 8, kx);\n"
+          << "            float kx[8];\n            ld8_" << dtype_name(ks) << "(e1, kb + j * " << kv.stride(Rq - 2)
+          << " + d8 * 8, kx);\n"
           << "#pragma unroll\n            for (int u = 0; u < 8; ++u)\n#pragma unroll\n"
           << "              for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d8 * 8 + u] * kx[u];\n"
           << "          }\n        } else\n";
@@ -1656,12 +1662,24 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "          for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n        }\n      }\n";
       for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
       // V's rows of the tile: lane l holds columns l * CPL.. (one load of CPL consecutive values when aligned).
-      const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
       Text vl;
-      vl << "            " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << v.stride(Rv - 1)
-         << " + lane * " << CP << ");\n";
-      if (CPL == 1) vl << "            vv[0] = t_;\n";
-      else vl << "            vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "            vv[2] = t_.z; vv[3] = t_.w;\n" : "");
+      if (vs == DType::F32) {
+        const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
+        vl << "            " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << v.stride(Rv - 1)
+           << " + lane * " << CP << ");\n";
+        if (CPL == 1) vl << "            vv[0] = t_;\n";
+        else vl << "            vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "            vv[2] = t_.z; vv[3] = t_.w;\n" : "");
+      } else {  // CPL 16-bit values: one load of 2, 4 or 8 bytes, widened
+        const char* vt = CPL == 4 ? "uint2" : CPL == 2 ? "unsigned" : "u16";
+        std::string cvt = vs == DType::BF16 ? "bf16_f32" : "f16_f32";
+        vl << "            " << vt << " t_ = *(const " << vt << "*)((const u16*)e2 + vb + jv * " << v.stride(Rv - 1)
+           << " + lane * " << CP << ");\n";
+        if (CPL == 1) vl << "            vv[0] = " << cvt << "(t_);\n";
+        else if (CPL == 2) vl << "            vv[0] = " << cvt << "((u16)t_); vv[1] = " << cvt << "((u16)(t_ >> 16));\n";
+        else
+          vl << "            vv[0] = " << cvt << "((u16)t_.x); vv[1] = " << cvt << "((u16)(t_.x >> 16));\n"
+             << "            vv[2] = " << cvt << "((u16)t_.y); vv[3] = " << cvt << "((u16)(t_.y >> 16));\n";
+      }
       f << "#pragma unroll 8\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
         << "        float vv[" << CP << "];\n#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) vv[u] = 0.0f;\n"
         << "        if (jv < jhi) {\n";
@@ -1849,15 +1867,25 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
   std::string pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
+  // A 16-bit KV cache (skip): two stages of K and V tiles in dynamic shared memory, the next live tile's copies in
+  // flight while this one's products run; cp.async 16-byte copies straight to shared memory where the cache is in
+  // the compute dtype (and the runtime's flag says its rows are 16-byte aligned), else loads rounded to it.
+  DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
+  bool pipe = skip && dtype_size(kst) == 2 && dtype_size(vst) == 2, async = pipe && kst == compute_ && vst == compute_;
+  std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
   std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
                     "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
   Text f;
   std::string TH = std::to_string(32 * W);
-  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n"
-    << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "]" << (skip ? ";\n  __shared__ __align__(16) u16 " : ", ")
-    << (skip ? "Vs[64][" + std::to_string(DH + 8) + "]" : "Vt[" + DHs + "][72]") << ";\n" << aliases
+  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n";
+  if (pipe)
+    f << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
+  else
+    f << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "]" << (skip ? ";\n  __shared__ __align__(16) u16 " : ", ")
+      << (skip ? "Vs[64][" + std::to_string(DH + 8) + "]" : "Vt[" + DHs + "][72]") << ";\n";
+  f << aliases
     << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
     << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, q2 = (lane & 3) * 2;\n"
@@ -1893,8 +1921,8 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
     << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
     << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
-    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
-    << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n";
+    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n";
+  if (!pipe) f << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n";
   // The program's element indices: the thread's row (fragment row g, or g + 8 for e >> 1), key j.
   std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
   std::vector<std::string> idx;
@@ -1922,18 +1950,50 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
       if (free) mreg = m;
     }
   }
+  std::string vote;  // whether tile j0 has a key any of the block's rows sees (a barrier too)
   if (mreg >= 0)
-    f << "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
-      << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
-      << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at
-      << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1), {{plan.scores, "0.0f"}})
-      << "          live_ |= (float)r" << mreg << " != ninf;\n          }\n        }\n"
-      << "      if (!__syncthreads_or(live_)) continue;\n";
+    vote = "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
+           "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
+           "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" + at +
+           program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1),
+                        {{plan.scores, "0.0f"}}) +
+           "          live_ |= (float)r" + std::to_string(mreg) + " != ninf;\n          }\n        }\n";
+  if (pipe) {
+    // next_(j): the first live tile from j (jhi: none). load_(j0, st): tile j0 into stage st.
+    f << "    auto next_ = [&](i64 j0) -> i64 {\n";
+    if (mreg >= 0) f << "      for (; j0 < jhi; j0 += 64) {\n" << vote << "      if (__syncthreads_or(live_)) break;\n      }\n";
+    f << "      return j0;\n    };\n"
+      << "    auto load_ = [&](i64 j0, int st) {\n"
+      << "      u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
+    if (async)
+      f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
+        << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
+        << "          bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
+        << "          cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * " << kv.stride(Rq - 2)
+        << " + d : 0), okk);\n          cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * "
+        << v.stride(Rv - 1) << " + d : 0), okv);\n        }\n        return;\n      }\n";
+    f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
+      << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
+      << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
+      << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
+      << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        Vs[jj][d] = " << cv
+      << "(vx);\n      }\n    };\n"
+      << "    __syncthreads();  // (the previous batch's last tile read)\n"
+      << "    i64 jt = next_(jlo);\n    if (jt < jhi) load_(jt, 0);\n    cp_commit();\n"
+      << "    for (int st = 0; jt < jhi; st ^= 1) {\n      i64 j0 = jt;\n"
+      << (mreg >= 0 ? "" : "      __syncthreads();  // (every warp done with stage st ^ 1 before it is refilled)\n")
+      << "      jt = next_(j0 + 64);\n      if (jt < jhi) load_(jt, st ^ 1);\n      cp_commit();\n"
+      << "      cp_wait<1>();  // this thread's copies of tile j0 done; the barrier: every thread's\n"
+      << "      __syncthreads();\n"
+      << "      u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
+  } else if (mreg >= 0)
+    f << vote << "      if (!__syncthreads_or(live_)) continue;\n";
   else
     f << "      __syncthreads();\n";
   // The tiles: K as Ks[key][d], V as Vs[key][n] (skip) or transposed as Vt[n][key], in the compute dtype, zeros
   // outside.
-  if (f32kv && skip) {
+  if (pipe) {
+  } else if (f32kv && skip) {
     // 8 floats of a row per thread: two 16-byte loads each of k and v, one 16-byte store each
     std::string pk8 = "make_uint4(" + pk + "(a.x, a.y), " + pk + "(a.z, a.w), " + pk + "(b.x, b.y), " + pk + "(b.z, b.w))";
     f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
@@ -1959,12 +2019,13 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
                : "          Vt[d][jj] = " + cv + "(vx.x); Vt[d + 1][jj] = " + cv + "(vx.y); Vt[d + 2][jj] = " + cv +
                      "(vx.z); Vt[d + 3][jj] = " + cv + "(vx.w);\n")
       << "        }\n      } else\n";
-  f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
-    << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
-    << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
-    << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
-    << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        "
-    << (skip ? "Vs[jj][d]" : "Vt[d][jj]") << " = " << cv << "(vx);\n      }\n      __syncthreads();\n";
+  if (!pipe)
+    f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
+      << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
+      << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
+      << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
+      << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        "
+      << (skip ? "Vs[jj][d]" : "Vt[d][jj]") << " = " << cv << "(vx);\n      }\n      __syncthreads();\n";
   // S = Q K^T: 8 tiles of 8 keys; element e of tile t is (row g + 8 * (e >> 1), key t * 8 + q2 + (e & 1)).
   f << "      float s[8][4];\n#pragma unroll\n      for (int t = 0; t < 8; ++t) {\n"
     << "        float* C = s[t];\n        C[0] = C[1] = C[2] = C[3] = 0.0f;\n"

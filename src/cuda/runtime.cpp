@@ -294,7 +294,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     for (const Variant& v : s_.steps[i].variants) {
       load(v.fn);
       // (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; over 48 KB needs it)
-      if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64)
+      if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64 || (v.kind == Variant::FlashMmaSkip && v.smem))
         check(driver().cuFuncSetAttribute(fns_[v.fn], 8, v.smem), "cuFuncSetAttribute", v.fn);
     }
     load(s_.steps[i].rows_fn);
@@ -440,11 +440,15 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       p[E + 3] = B;
       p[E + 4] = splits;
       p[E + 5] = std::max<int64_t>(chunk, 1);
-      // 16-byte loads of k's and v's rows (float32 storage: the kernels check that themselves).
-      bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % 4 == 0 && N % 4 == 0 && k.offset % 4 == 0 &&
-                 vv.offset % 4 == 0;
-      for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % 4 == 0;
-      for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % 4 == 0);
+      // 16-byte loads of k's and v's rows: 4 float32 elements, or 8 of a 16-bit KV cache (the kernels print the
+      // vector paths only for their storage types).
+      const Node& an = g_.node(core(i).node);
+      int64_t u = dtype_size(s_.storage()[size_t(an.inputs[1].node)]) == 2 &&
+                          dtype_size(s_.storage()[size_t(an.inputs[2].node)]) == 2 ? 8 : 4;
+      bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % u == 0 && N % u == 0 && k.offset % u == 0 &&
+                 vv.offset % u == 0;
+      for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % u == 0;
+      for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
@@ -1227,7 +1231,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             unsigned threads = v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
-            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads);
+            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads, unsigned(v.smem));
             if (v.kind != Variant::AttentionRows) {
               std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};
               launch(st.combine_fn, id, slot, L_.rows_items[i], false, comb);

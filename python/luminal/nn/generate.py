@@ -35,6 +35,19 @@ def sample(logits: np.ndarray, temperature: float = 0.0, top_k: int = 0, top_p: 
     return int(order[rng.choice(len(order), p=p)])
 
 
+def _cache_dtype(d) -> dt.DType:
+    """Session's cache_dtype: None (float32), or float32/bfloat16/float16 by name or luminal dtype."""
+    if d is None:
+        return dt.float32
+    try:
+        t = dt.dtype(d)
+    except TypeError:
+        t = None
+    if t not in (dt.float32, dt.bfloat16, dt.float16):
+        raise ValueError(f"Session: cache_dtype must be None, 'float32', 'bfloat16' or 'float16', got {d!r}")
+    return t
+
+
 def _same_buffer(a, b) -> bool:
     """Whether two results share memory (a host array, or a GPU DeviceArray updated in place)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
@@ -60,12 +73,19 @@ class Session:
     (b, s, vocab)) or b greedy tokens; `generate_batch` decodes b prompts of equal length greedily. The caches
     are (capacity, b, Hkv, d): row i holds position i of every sequence. A step's tokens are those of every
     sequence (max_step_tokens bounds b * s). `left_padding`: prompts of different
-    lengths too (`start_batch`), each left-padded to the longest, the padding hidden from its sequence."""
+    lengths too (`start_batch`), each left-padded to the longest, the padding hidden from its sequence.
+
+    `cache_dtype`: the caches' element type, float32 (the default, None) or a 16-bit "bfloat16"/"float16" (a name or
+    a luminal dtype), which halves their memory and the bytes attention reads: each step's new keys and values are
+    rounded to it when written, and attention reads them back as float32 (on CUDA and the CPU backend, the fused
+    attention kernel reads the 16-bit rows directly). On the host a bfloat16 cache is held as its raw bits
+    (uint16 arrays)."""
 
     def __init__(self, model: Llama, compilers=None, last_only: bool = True, capacity: int | None = None,
                  max_step_tokens: int | None = None, max_context: int = 32768, batch: int | None = None,
-                 left_padding: bool = False):
+                 left_padding: bool = False, cache_dtype=None):
         c, g = model.config, model.graph
+        self.cache_dtype = _cache_dtype(cache_dtype)
         if batch is not None and (not isinstance(batch, (int, np.integer)) or batch < 1):
             raise ValueError(f"batch must be a positive int (or None for one unbatched sequence), got {batch!r}")
         self.batch = None if batch is None else int(batch)
@@ -81,8 +101,8 @@ class Session:
         self.model, self.graph = model, g
         self.last_only, self.max_step_tokens = last_only, max_step_tokens
         self.tokens = g.tensor(("s",) if batch is None else (self.batch, "s"), dt.int32, name="tokens")
-        self.cache_in = [(g.tensor(("c", *self._row), name=f"k_cache{i}"),
-                          g.tensor(("c", *self._row), name=f"v_cache{i}")) for i in range(c.n_layers)]
+        self.cache_in = [(g.tensor(("c", *self._row), self.cache_dtype, name=f"k_cache{i}"),
+                          g.tensor(("c", *self._row), self.cache_dtype, name=f"v_cache{i}")) for i in range(c.n_layers)]
         # Where each sequence starts (left padding): set by start_batch, zeros after reset.
         self.starts = g.tensor((self.batch,), dt.int32, name="starts") if left_padding else None
         logits, new = model.forward(self.tokens, self.cache_in, "p", last_only=last_only, starts=self.starts)
@@ -109,7 +129,7 @@ class Session:
     def _host_reservation(self, rows: int) -> int:
         """`rows` cache rows, or fewer where their address space would exceed half the physical memory (an
         anonymous shared map is charged in full against the commit limit when created, though unbacked)."""
-        row_bytes = 4 * len(self._cache_inputs) * math.prod(self._row)
+        row_bytes = self.cache_dtype.itemsize * len(self._cache_inputs) * math.prod(self._row)
         try:
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):
@@ -133,14 +153,16 @@ class Session:
         while True:
             shape = (len(ins), capacity, *self._row)
             try:
-                self._map = mmap.mmap(-1, 4 * math.prod(shape))
+                self._map = mmap.mmap(-1, self.cache_dtype.itemsize * math.prod(shape))
                 break
             except OSError:  # a strict commit limit: reserve less (the capacity doubles later if needed)
                 if capacity // 2 < max(need, 256):
                     raise
                 capacity //= 2
         self._resident = 0  # rows made resident ahead of use (see _reserve)
-        block = np.frombuffer(self._map, np.float32).reshape(shape)
+        # (bfloat16 as its raw bits, which set() takes as they are and a GPU result's numpy() gives back)
+        block = np.frombuffer(self._map, np.uint16 if self.cache_dtype is dt.bfloat16 else self.cache_dtype.np)
+        block = block.reshape(shape)
         self.graph.set_dim("c", capacity)
         for i, t in enumerate(ins):
             if self._caches:

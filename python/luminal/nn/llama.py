@@ -173,6 +173,13 @@ def swap_halves(x: Tensor) -> Tensor:
     return cat([x[..., half:], x[..., :half]], -1)
 
 
+def _cache_rows(rows: Tensor) -> Tensor:
+    """A view of cache rows as attention reads them: float32. A 16-bit cache (Session(cache_dtype=...)) stores each
+    step's new rows rounded to its dtype and is read back through this cast, which AttentionFusion folds into the
+    attention kernel (it reads the 16-bit rows directly)."""
+    return rows.float()
+
+
 class Attention(Module):
     def __init__(self, c: LlamaConfig, graph):
         super().__init__(graph)
@@ -203,10 +210,11 @@ class Attention(Module):
         k = k * cos.unsqueeze(1) + swap_halves(k) * sin.unsqueeze(1)
         # Token-major caches: this step writes rows p..p+s-1, one Scatter each, which runs in place when the
         # session donates the cache arrays; attention reads rows 0..p+s-1 through views.
-        k_cache = k_cache.index_copy(0, slots, k)
-        v_cache = v_cache.index_copy(0, slots, v)
+        k_cache = k_cache.index_copy(0, slots, k.to(k_cache.dtype))
+        v_cache = v_cache.index_copy(0, slots, v.to(v_cache.dtype))
         t = mask.layout.shape[1]  # p + s
-        keys, vals = k_cache[:t].transpose(0, 1), v_cache[:t].transpose(0, 1)  # (Hkv, p+s, d)
+        keys = _cache_rows(k_cache[:t].transpose(0, 1))  # (Hkv, p+s, d)
+        vals = _cache_rows(v_cache[:t].transpose(0, 1))
         rep = c.n_heads // c.n_kv_heads
         # Group the query heads that share a KV head: (Hkv, rep*s, d) against (Hkv, p+s, d).
         qg = q.reshape(c.n_kv_heads, s * rep, c.head_dim)
@@ -238,10 +246,11 @@ class Attention(Module):
         q = q * cos_q + swap_halves(q) * sin_q
         k = k.transpose(0, 1)  # (s, b, Hkv, d): the cache's row layout
         k = k * cos_k + swap_halves(k) * sin_k
-        k_cache = k_cache.index_copy(0, slots, k)
-        v_cache = v_cache.index_copy(0, slots, v.transpose(0, 1))
+        k_cache = k_cache.index_copy(0, slots, k.to(k_cache.dtype))
+        v_cache = v_cache.index_copy(0, slots, v.transpose(0, 1).to(v_cache.dtype))
         t = mask.layout.shape[-1]  # p + s
-        keys, vals = k_cache[:t].permute(1, 2, 0, 3), v_cache[:t].permute(1, 2, 0, 3)  # (b, Hkv, p+s, d)
+        keys = _cache_rows(k_cache[:t].permute(1, 2, 0, 3))  # (b, Hkv, p+s, d)
+        vals = _cache_rows(v_cache[:t].permute(1, 2, 0, 3))
         rep = c.n_heads // c.n_kv_heads
         qg = q.reshape(b, c.n_kv_heads, s * rep, d)  # the query heads sharing a KV head, as unbatched
         scores = (qg @ keys.transpose(2, 3)) * (1.0 / math.sqrt(d))

@@ -31,10 +31,13 @@ constexpr int64_t kMinChunk = 256;  // keys per chunk at least, when a row's key
 constexpr int64_t kFewRows = 64;    // at most this many rows: every group in each task (see split_kv)
 constexpr float kTiny = 64;         // softmax weights under 2^-kTiny of the row's largest are dropped (see split_kv)
 
-// Unmasked float32 views inside their buffers (checked once per run, not per element).
-void check_operand(const KernelArg& a, const char* what) {
+// Unmasked views inside their buffers (checked once per run, not per element): float32, or for k and v (a 16-bit
+// KV cache, see fuse_attention) bfloat16 or float16 too.
+void check_operand(const KernelArg& a, const char* what, bool half_ok = false) {
   const ConcreteView& v = a.view;
-  if (a.buf->dtype != DType::F32 || v.masked) throw std::logic_error(std::string("Attention: bad ") + what);
+  DType t = a.buf->dtype;
+  bool ok = t == DType::F32 || (half_ok && (t == DType::BF16 || t == DType::F16));
+  if (!ok || v.masked) throw std::logic_error(std::string("Attention: bad ") + what);
   if (!v.reads_within(a.buf->numel()))
     throw std::out_of_range(std::string("Attention: the ") + what + " view reads outside its buffer");
 }
@@ -152,6 +155,22 @@ const float* eval_x(const Program& p, const SoftmaxForm& f, int given, const std
   return ptr[f.x];
 }
 
+// A 16-bit operand's rows as float32: n rows of `len` elements (unit stride), row i at element base + i * stride,
+// into dst (n x len). The float32 kernels then read them as float32 rows (a group's rows share the copy).
+void widen_rows(const KernelArg& a, int64_t base, int64_t stride, int64_t n, int64_t len, float* dst) {
+  const uint16_t* src = static_cast<const uint16_t*>(a.buf->data.get());
+  bool bf = a.buf->dtype == DType::BF16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* r = src + base + i * stride;
+    float* o = dst + i * len;
+    if (bf) {
+      for (int64_t j = 0; j < len; ++j) o[j] = bf16_to_f32(r[j]);
+    } else {
+      for (int64_t j = 0; j < len; ++j) o[j] = simd::half(reinterpret_cast<const uint8_t*>(r + j));
+    }
+  }
+}
+
 // A row's online softmax state over the keys seen so far: max m, sum l of exp2((x - m) c), acc = sum of those * V.
 struct RowState {
   float m, l;
@@ -169,6 +188,7 @@ void split_kv(const std::vector<KernelArg>& args, const std::vector<KernelArg>& 
   const int64_t skn = vk.strides[rq - 2], svt = vv.strides[rv - 1];
   const float *pq = static_cast<const float*>(q.buf->data.get()), *pk = static_cast<const float*>(k.buf->data.get()),
               *pv = static_cast<const float*>(v.buf->data.get());
+  const bool k16 = k.buf->dtype != DType::F32, v16 = v.buf->dtype != DType::F32;  // (widened block by block)
   float* po = static_cast<float*>(out.data.get());
   // Groups: runs of consecutive rows reading the same K and V rows.
   std::vector<int64_t> start;  // group i: rows [start[i], start[i + 1])
@@ -202,13 +222,15 @@ void split_kv(const std::vector<KernelArg>& args, const std::vector<KernelArg>& 
   int64_t task_rows = start[std::min(groups, per_super)] - start[0];
   int64_t per_task = std::max<int64_t>(1, T / chunks) * task_rows * (2 * D + N + int64_t(f.pre.size()));
   parallel_for(tasks, per_task, [&](int64_t t_begin, int64_t t_end) {
-    thread_local std::vector<float> scores, regs, y, p, tmp, acc, scalar;
+    thread_local std::vector<float> scores, regs, y, p, tmp, acc, scalar, kw, vw;
     thread_local std::vector<const float*> ptr;
     thread_local std::vector<RowState> st;
     scores.resize(kBlock);
     y.resize(kBlock);
     p.resize(kBlock);
     tmp.resize(N);
+    if (k16) kw.resize(size_t(kBlock * D));
+    if (v16) vw.resize(size_t(kBlock * N));
     for (int64_t task = t_begin; task < t_end; ++task) {
       int64_t si = task / chunks, ci = task % chunks;
       int64_t g0 = si * per_super, g1 = std::min(groups, g0 + per_super);
@@ -223,10 +245,15 @@ void split_kv(const std::vector<KernelArg>& args, const std::vector<KernelArg>& 
       for (int64_t b0 = k0; b0 < k1; b0 += kBlock) {
         int64_t n = std::min(kBlock, k1 - b0);
         for (int64_t gi = g0; gi < g1; ++gi) {
-          const float *kb = pk + outer_offset(vk, start[gi], 2), *vb = pv + outer_offset(vv, start[gi], 2);
+          int64_t ko = outer_offset(vk, start[gi], 2), vo = outer_offset(vv, start[gi], 2);
+          // The block's rows of k and v: float32 in place, or 16-bit widened once for the group's rows.
+          const float *kr = k16 ? kw.data() : pk + ko + b0 * skn, *vr = v16 ? vw.data() : pv + vo + b0 * svt;
+          const int64_t ks = k16 ? D : skn, vs = v16 ? N : svt;
+          if (k16) widen_rows(k, ko + b0 * skn, skn, n, D, kw.data());
+          if (v16) widen_rows(v, vo + b0 * svt, svt, n, N, vw.data());
           for (int64_t r = start[gi]; r < start[gi + 1]; ++r) {
             // This row's scores against the block: the group's other rows find the block's keys in cache.
-            simd::dot_rows_f32(pq + outer_offset(vq, r, 2), kb + b0 * skn, skn, n, D, scores.data());
+            simd::dot_rows_f32(pq + outer_offset(vq, r, 2), kr, ks, n, D, scores.data());
             const float* x = eval_x(plan.prog, f, plan.scores, pargs, r, b0, n, scores.data(), regs, ptr, scalar);
             float mx = ninf;
             for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
@@ -249,7 +276,7 @@ void split_kv(const std::vector<KernelArg>& args, const std::vector<KernelArg>& 
             float sum = 0;
             for (int64_t j = 0; j < n; ++j) sum += p[j];
             s.l += sum;
-            simd::weighted_rows_f32(p.data(), vb + b0 * svt, svt, n, N, tmp.data());
+            simd::weighted_rows_f32(p.data(), vr, vs, n, N, tmp.data());
             for (int64_t j = 0; j < N; ++j) s.acc[j] += tmp[j];
           }
         }
@@ -308,34 +335,53 @@ void per_row(const std::vector<KernelArg>& args, const std::vector<KernelArg>& p
   float* po = static_cast<float*>(out.data.get());
   int64_t sqn = vq.strides[rq - 2], sqd = vq.strides[rq - 1], skn = vk.strides[rq - 2], skd = vk.strides[rq - 1];
   int64_t svn = vv.strides[rv - 2], svt = vv.strides[rv - 1];
+  const bool k16 = k.buf->dtype != DType::F32, v16 = v.buf->dtype != DType::F32;
   parallel_for(rows, T * (2 * D + N + int64_t(plan.prog.code.size())), [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> s, p;
+    thread_local std::vector<float> s, p, kw, vw;
     s.resize(T);
     p.resize(T);
     for (int64_t r = r0; r < r1; ++r) {
       const float *qa = pq + outer_offset(vq, r, 2), *kb = pk + outer_offset(vk, r, 2);
-      if (sqn == 0 && sqd == 1 && skd == 1) {  // one query row against every key (the query broadcast over keys)
-        simd::dot_rows_f32(qa, kb, skn, T, D, s.data());
+      // A 16-bit k or v: this row's (T, D) keys and (N, T) values as float32, read through the same strides.
+      int64_t sk_n = skn, sk_d = skd, sv_n = svn, sv_t = svt;
+      if (k16) {
+        kw.resize(size_t(T * D));
+        int64_t o = outer_offset(vk, r, 2);
+        const void* src = k.buf->data.get();
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t d = 0; d < D; ++d) kw[t * D + d] = float(load_as_double(src, o + t * skn + d * skd, k.buf->dtype));
+        kb = kw.data(), sk_n = D, sk_d = 1;
+      }
+      if (sqn == 0 && sqd == 1 && sk_d == 1) {  // one query row against every key (the query broadcast over keys)
+        simd::dot_rows_f32(qa, kb, sk_n, T, D, s.data());
       } else {
         for (int64_t n = 0; n < T; ++n) {
-          if (sqd == 1 && skd == 1) {
-            s[n] = simd::dot_f32(qa + n * sqn, kb + n * skn, D);
+          if (sqd == 1 && sk_d == 1) {
+            s[n] = simd::dot_f32(qa + n * sqn, kb + n * sk_n, D);
             continue;
           }
           float acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += qa[n * sqn + d * sqd] * kb[n * skn + d * skd];
+          for (int64_t d = 0; d < D; ++d) acc += qa[n * sqn + d * sqd] * kb[n * sk_n + d * sk_d];
           s[n] = acc;
         }
       }
       eval_program_row(plan.prog, pargs, r, T, plan.scores, s.data(), p.data());
       const float* vb = pv + outer_offset(vv, r, 2);  // element (n, t) at vb[n * svn + t * svt]
+      if (v16) {
+        vw.resize(size_t(T * N));
+        int64_t o = outer_offset(vv, r, 2);
+        const void* src = v.buf->data.get();
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t n = 0; n < N; ++n) vw[t * N + n] = float(load_as_double(src, o + n * svn + t * svt, v.buf->dtype));
+        vb = vw.data(), sv_n = 1, sv_t = N;
+      }
       float* o = po + r * N;
-      if (svn == 1) {
-        simd::weighted_rows_f32(p.data(), vb, svt, T, N, o);
+      if (sv_n == 1) {
+        simd::weighted_rows_f32(p.data(), vb, sv_t, T, N, o);
       } else {
         for (int64_t n = 0; n < N; ++n) {
           float acc = 0;
-          for (int64_t t = 0; t < T; ++t) acc += p[t] * vb[n * svn + t * svt];
+          for (int64_t t = 0; t < T; ++t) acc += p[t] * vb[n * sv_n + t * sv_t];
           o[n] = acc;
         }
       }
@@ -349,8 +395,8 @@ void attention_kernel(const std::vector<KernelArg>& args, const Node& node, Buff
   const AttentionPlan& plan = op_as<AttentionOp>(node)->plan;
   const KernelArg &q = args.at(0), &k = args.at(1), &v = args.at(2);
   check_operand(q, "query");
-  check_operand(k, "key");
-  check_operand(v, "value");
+  check_operand(k, "key", true);
+  check_operand(v, "value", true);
   std::vector<KernelArg> pargs;
   for (size_t i = 3; i < args.size(); ++i) {
     if (int(pargs.size()) == plan.scores) pargs.push_back(KernelArg{nullptr, {}});  // served from the row buffer

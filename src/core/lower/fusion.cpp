@@ -184,6 +184,52 @@ bool only_user(const Graph& g, int64_t producer, int64_t consumer) {
 
 bool f32_unmasked(const Graph& g, const Edge& e) { return g.node(e.node).dtype == DType::F32 && !e.view.has_mask(); }
 
+bool is_16bit(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// `outer` (no mask) reads a buffer of shape `x` as stored; `inner` reads x's elements from another buffer. The view
+// reading that other buffer directly: each dim of `outer` steps one dim of x (its whole length) or none (a
+// broadcast); nothing when it mixes dims (a reshape across them).
+std::optional<View> compose(const View& outer, const Shape& x, const View& inner) {
+  if (outer.has_mask() || inner.has_mask() || outer.offset != Expr(0) || inner.rank() != x.size()) return std::nullopt;
+  View c = View::contiguous(x), r;
+  r.shape = outer.shape;
+  r.offset = inner.offset;
+  std::vector<char> used(x.size(), 0);
+  for (size_t k = 0; k < outer.rank(); ++k) {
+    if (outer.strides[k] == Expr(0) || outer.shape[k] == Expr(1)) {
+      r.strides.push_back(Expr(0));
+      continue;
+    }
+    size_t j = 0;
+    while (j < x.size() &&
+           (used[j] || x[j] == Expr(1) || c.strides[j] != outer.strides[k] || x[j] != outer.shape[k]))
+      ++j;
+    if (j == x.size()) return std::nullopt;
+    used[j] = 1;
+    r.strides.push_back(inner.strides[j]);
+  }
+  return r;
+}
+
+// A K or V operand read through a float32 cast of 16-bit data (a 16-bit KV cache read back, see llama.py's
+// _cache_rows), the cast only the product reads: the edge reading the 16-bit data directly, so the attention kernel
+// loads it as stored and no float32 copy is made. `e` unchanged otherwise.
+Edge through_cast(const Graph& g, const Edge& e, int64_t product) {
+  const Node& c = g.node(e.node);
+  if (c.dtype != DType::F32 || c.inputs.size() != 1 || !only_user(g, e.node, product)) return e;
+  if (c.op != Op::Cast) {  // (fuse_elementwise leaves a cast as a program: load, cast)
+    const Program* q = program_of(c);
+    if (!q || q->reduce != Op::Input || q->code.size() != 2 || q->code[0].kind != Instr::Load ||
+        q->code[1].kind != Instr::Apply || q->code[1].op != Op::Cast || q->code[1].a != 0 ||
+        q->code[1].dtype != DType::F32)
+      return e;
+  }
+  const Edge& src = c.inputs[0];
+  if (!is_16bit(g.node(src.node).dtype)) return e;
+  std::optional<View> v = compose(e.view, c.shape, src.view);
+  return v ? Edge{src.node, *v} : e;
+}
+
 }  // namespace
 
 size_t fuse_elementwise(Graph& g, bool row_reductions) {
@@ -228,9 +274,10 @@ size_t fuse_attention(Graph& g) {
     const Program* prog = program_of(p);
     // Only a row program that needs the whole row (softmax) is worth the fusion: an element-wise one (an MLP's
     // activation between two products) runs faster as two GEMMs, which this kernel's per-row products are not.
+    Edge ve16 = through_cast(g, ve, id);
     if (!prog || prog->reduce != Op::Input || !prog->has_row_reductions() || !prog->float_registers ||
-        p.dtype != DType::F32 ||
-        !only_user(g, pe.node, id) || !f32_unmasked(g, ve) || pe.view.has_mask())
+        p.dtype != DType::F32 || !only_user(g, pe.node, id) || pe.view.has_mask() ||
+        (!f32_unmasked(g, ve) && ve16.node == ve.node))
       continue;
     size_t r = pe.view.rank();
     if (r < 2 || pe.view.strides[r - 2] != Expr(0)) continue;
@@ -253,9 +300,14 @@ size_t fuse_attention(Graph& g) {
     }
     if (!ok || scores < 0) continue;
     const Node& s = g.node(p.inputs[scores].node);
-    if (!f32_unmasked(g, s.inputs[0]) || !f32_unmasked(g, s.inputs[1])) continue;
     int64_t s_id = p.inputs[scores].node, p_id = pe.node;
-    std::vector<Edge> inputs{s.inputs[0], s.inputs[1], ve};
+    Edge ke16 = through_cast(g, s.inputs[1], s_id);
+    if (!f32_unmasked(g, s.inputs[0]) || (!f32_unmasked(g, s.inputs[1]) && ke16.node == s.inputs[1].node)) continue;
+    // The casts the kernel now reads through die with the products.
+    std::vector<int64_t> casts;
+    if (ke16.node != s.inputs[1].node) casts.push_back(s.inputs[1].node);
+    if (ve16.node != ve.node) casts.push_back(ve.node);
+    std::vector<Edge> inputs{s.inputs[0], ke16, ve16};
     for (size_t i = 0; i < p.inputs.size(); ++i)
       if (int(i) != scores) inputs.push_back(p.inputs[i]);
     auto op = std::make_shared<AttentionOp>(AttentionPlan{*prog, scores});
@@ -265,6 +317,7 @@ size_t fuse_attention(Graph& g) {
     g.remove(id);
     g.remove(p_id);
     g.remove(s_id);
+    for (int64_t c : casts) g.remove(c);
     ++count;
   }
   return count;
