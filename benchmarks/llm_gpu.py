@@ -20,10 +20,12 @@ eager, ~10x slower, runs once.
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
         [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile] [--no-flash]
         [--batches 1,8,32] [--only batch] [--contexts 128,4096,8192] [--prefills 512,2048,8192]
+        [--cache-dtype auto|float32|bfloat16|float16]
 --batches adds batched decode rows (run_batches: Session(batch=B) against a batched compiled loop, tok/s summed
 over the batch); --only batch skips the other rows. --models 8b-q8: the 8B shape with Q8_0 projections and head
 (run_q8: quantised on the GPU, luminal alone; GB/s on the Q8_0 bytes). --contexts / --prefills add long-cache
-decode and prefill rows (run_contexts; --only context).
+decode and prefill rows (run_contexts; --only context). --cache-dtype: luminal's KV cache (Session(cache_dtype=));
+by default bfloat16 for the 8B shapes (as the peers' caches) and float32 for 135m; printed in each table's header.
 """
 from __future__ import annotations
 
@@ -90,7 +92,16 @@ def hf_model(c: LlamaConfig, seed: int):
     return m
 
 
-def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int | None = None):
+def cache_dtype(key: str, args) -> str:
+    """The KV cache's dtype for model `key`: --cache-dtype, or by default bfloat16 for the 8B shapes (the torch
+    peers' caches are bf16) and float32 for 135m (its rows stay comparable with the earlier float32-cache ones)."""
+    if args.cache_dtype != "auto":
+        return args.cache_dtype
+    return "float32" if key == "135m" else "bfloat16"
+
+
+def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int | None = None,
+                    cache: str = "float32"):
     model = Llama(c)
     params = dict(model.named_parameters())
     for name, p in hf.named_parameters():
@@ -98,7 +109,7 @@ def luminal_session(c: LlamaConfig, hf, dtype: str, capacity: int, batch: int | 
             params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
     t = time.perf_counter()
     s = Session(model, [GenericCompiler(), lm.CudaCompiler(dtype)], capacity=capacity,  # (the peer's cache size)
-                batch=batch)
+                batch=batch, cache_dtype=cache)
     return s, time.perf_counter() - t
 
 
@@ -252,7 +263,7 @@ def run_model(key, args, bw):
     rng = np.random.default_rng(args.seed)
     hf = hf_model(c, args.seed)
     prompt = rng.integers(0, c.vocab_size, 32).tolist()
-    s, compile_s = luminal_session(c, hf, "bfloat16", len(prompt) + args.decode + 8)
+    s, compile_s = luminal_session(c, hf, "bfloat16", len(prompt) + args.decode + 8, cache=cache_dtype(key, args))
     # Logits check (the last prompt position).
     s.reset()
     got = s.step(prompt)
@@ -323,8 +334,8 @@ def run_model(key, args, bw):
     if args.trace:
         trace_decode(s, key, prompt)
     tp = float("nan") if args.luminal_only else prefill_ms(torch_prefill, 3)
-    print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; luminal compile {compile_s:.1f} s"
-          + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
+    print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; {cache_dtype(key, args)} KV cache; "
+          f"luminal compile {compile_s:.1f} s" + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
     print(f"logits (last prompt position) vs torch bf16: relative L2 error {rel:.3e}, top-1 agreement {top1:.0%}")
     print(f"greedy tokens: luminal = torch eager for the first {agree} of {args.decode}"
           + ("" if step is None else f"; torch.compile = torch eager for the first {agree_c}"))
@@ -432,7 +443,7 @@ def run_batches(key, args, bw):
     rows = []
     for b in batches:
         prompts = rng.integers(0, c.vocab_size, (b, 32))
-        s, compile_s = luminal_session(c, hf, "bfloat16", capacity, batch=b)
+        s, compile_s = luminal_session(c, hf, "bfloat16", capacity, batch=b, cache=cache_dtype(key, args))
         s.generate_batch(prompts, args.decode)  # warm-up: kernels, plans, graphs
         if step is not None:
             t = time.perf_counter()
@@ -465,7 +476,8 @@ def run_batches(key, args, bw):
         del s
         gc.collect()  # (this batch's copy of the weights)
         torch.cuda.empty_cache()
-    print(f"\n== {key} batched decode (tok/s summed over the batch, {args.decode} tokens after 32-token prompts)")
+    print(f"\n== {key} batched decode (tok/s summed over the batch, {args.decode} tokens after 32-token prompts; "
+          f"{cache_dtype(key, args)} KV cache)")
     print(f"{'batch':>6}{'luminal':>10}{'torch.compile':>15}{'ratio':>8}")
     for b, lum, peer in rows:
         print(f"{b:6d}{lum:10.1f}{peer:15.1f}{lum / peer:8.2f}")
@@ -520,7 +532,8 @@ def run_q8(key, args, bw):
             else:
                 params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
     t = time.perf_counter()
-    s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=len(prompt) + args.decode + 8)
+    s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=len(prompt) + args.decode + 8,
+                cache_dtype=cache_dtype(key, args))
     compile_s = time.perf_counter() - t
     s.reset()
     got = s.step(prompt)[-1:]
@@ -544,7 +557,8 @@ def run_q8(key, args, bw):
         s.step([0])
         del os.environ["LUMINAL_PROFILE"]
     wb = q8_bytes(c)
-    print(f"\n== {key}: {wb / 1e9:.2f} GB of Q8_0 weights read per token; luminal compile {compile_s:.1f} s")
+    print(f"\n== {key}: {wb / 1e9:.2f} GB of Q8_0 weights read per token; {cache_dtype(key, args)} KV cache; "
+          f"luminal compile {compile_s:.1f} s")
     print(f"logits (last prompt position) vs torch bf16 over the dequantised weights: relative L2 error {rel:.3e}, "
           f"top-1 agreement {top1:.0%}")
     print(f"decode, median of {args.reps} runs of {args.decode} tokens ({', '.join(f'{x:.1f}' for x in rates)}): "
@@ -569,7 +583,8 @@ def run_contexts(key, args, bw):
     ctxs = [int(x) for x in args.contexts.split(",") if x]
     pres = [int(x) for x in args.prefills.split(",") if x]
     hf = hf_model(c, args.seed)
-    s, compile_s = luminal_session(c, hf, "bfloat16", max(ctxs + pres + [0]) + args.decode + 8)
+    s, compile_s = luminal_session(c, hf, "bfloat16", max(ctxs + pres + [0]) + args.decode + 8,
+                                   cache=cache_dtype(key, args))
     step = None
     if ctxs and not args.no_compile and not args.luminal_only:
         dec = StaticDecoder(hf, c, max(ctxs) + args.decode + 8)
@@ -579,7 +594,8 @@ def run_contexts(key, args, bw):
         return compiled_decode(dec, step, [1], n, ahead=True, start=start)[1]
 
     flash = "on" if lm.CudaCompiler.flash_attention_default else "off"
-    print(f"\n== {key}: decode at cache lengths {ctxs} ({args.decode} tokens; flash attention {flash}; luminal compile "
+    print(f"\n== {key}: decode at cache lengths {ctxs} ({args.decode} tokens; flash attention {flash}; "
+          f"{cache_dtype(key, args)} KV cache; luminal compile "
           f"{compile_s:.1f} s)", flush=True)
     rows = {}
     for n in ctxs:
@@ -762,6 +778,9 @@ def main():
     p.add_argument("--prefills", default="", help="prefill rows at these prompt lengths, e.g. 512,2048,8192")
     p.add_argument("--batches", default="", help="batched decode rows for these batch sizes, e.g. 1,8,32")
     p.add_argument("--only", default="", help="run only these row groups (comma-separated): batch")
+    p.add_argument("--cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="luminal's KV cache dtype (auto: bfloat16 for the 8B shapes, as the torch peers; float32 "
+                        "for 135m)")
     args = p.parse_args()
     lm.CudaCompiler.flash_attention_default = not args.no_flash
     args.kernels = kernels_per_step

@@ -252,6 +252,13 @@ inline int __syncthreads_or(int v) {
   if (threadIdx.x == 0 && !r) ++SKIPS;
   return r;
 }
+// cp.async as a plain copy (zeros where the copy is off), its groups complete at once.
+inline void cp_async_host(void* d, const void* s, bool ok) {
+  aligned16(d);
+  if (ok) { aligned16(s); std::memcpy(d, s, 16); } else std::memset(d, 0, 16);
+}
+inline void cp_commit() {}
+template <int N> void cp_wait() {}
 static const u16* LP[1024];
 // ldmatrix.m8n8.x4.trans: lane l gives row l & 7 of matrix l >> 3; lane l receives, of each matrix transposed, row
 // l >> 2, columns (l & 3) * 2, + 1.
@@ -286,12 +293,14 @@ int main(int argc, char** argv) {
 """
 
 
-def _attention_on_host(fn, arrays, kind, vecs, tmp_path):
+def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
     """Runs the Attention step of fn(*inputs) (q, k, v, mask: graph inputs) through its printed `kind` kernel on the
     host, with the runtime's parameters (Runtime::applies: rows sharing k and v, one key range), once per value of
-    the 16-byte staging flag in `vecs`; the outputs, flat, and the tiles skipped in each run."""
+    the 16-byte staging flag in `vecs`; the outputs, flat, and the tiles skipped in each run. `kv_dtype`: k's and
+    v's inputs in that dtype (a 16-bit KV cache: fn reads them through a float32 cast, which the kernel reads
+    through)."""
     cx = lm.Graph()
-    ins = [cx.tensor(a.shape).set(a) for a in arrays]
+    ins = [cx.tensor(a.shape, kv_dtype if i in (1, 2) else "float32").set(a) for i, a in enumerate(arrays)]
     fn(*ins).output()
     comp = lm.CudaCompiler("bfloat16", device=None)
     cx.compile(lm.GenericCompiler(), comp)
@@ -304,18 +313,24 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path):
     text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); }", text, flags=re.S)
     text = re.sub(r'asm volatile\("ldmatrix.*?smem_u32\((&Vs\[.*?\])\)\)\);', r"ldsm_x4_trans_host(Bv, \1);", text,
                   flags=re.S)
+    text = re.sub(r"extern __shared__ __align__\(16\) u16 smem_\[\];",
+                  lambda m: "alignas(16) static u16 smem_[%d];" % (2 * int(re.search(r"smem_ \+ st \* (\d+)", text)[1])),
+                  text)
+    text = re.sub(r"cp_async16\(smem_u32\((.*?)\), ", r"cp_async_host(\1, ", text)
     assert "asm" not in text, text
     node = g.node(aid)
     assert len(node.inputs) == len(arrays) == 4
     params, data, views = [aid, 0, 0, 0], [], []
     for e in node.inputs:  # (the arrays in the graph's input order: the attention's edges name the same nodes)
         src = g.node(e.node)
-        assert src.op == "Input" and comp.schedule.storage_dtype(e.node) == "float32", (src.op, src.name)
+        stored = comp.schedule.storage_dtype(e.node)
+        assert src.op == "Input" and stored == src.dtype, (src.op, src.name, stored)
         a = array_of[e.node]
         shape, strides = [int(s) for s in e.view.shape], [int(s) for s in e.view.strides]
         views.append((shape, strides))
         params += [int(e.view.offset), a.size] + shape + strides
-        data.append(np.ascontiguousarray(a, np.float32).tobytes())
+        a = np.ascontiguousarray(a, np.float32)
+        data.append((lm.dtypes.bf16_bits(a) if stored == "bfloat16" else a.astype(lm.dtypes.dtype(stored).np)).tobytes())
     (qs, qst), (ks, kst), (vs, vst) = views[:3]
     rq, rv = len(qs), len(vs)
     params[2] = T = qs[rq - 2]
@@ -368,8 +383,8 @@ HOST_CASES = {
 
 
 def _host_case(case, gen_data):
-    """q, k, v and the additive mask of HOST_CASES[case], and the function."""
-    hkv, rep, s, p, d, mk = HOST_CASES[case]
+    """q, k, v and the additive mask of HOST_CASES[case] (or KV16_CASES), and the function."""
+    hkv, rep, s, p, d, mk = HOST_CASES[case] if case in HOST_CASES else KV16_CASES[case]
     t = p + s
     q, k, v = (gen_data(sh) for sh in ((hkv * rep, s, d), (t, hkv, d), (t, hkv, d)))
     i, j = np.arange(s)[:, None], np.arange(t)[None, :]
@@ -406,3 +421,99 @@ def test_flash_mma_on_the_host(case, kind, tmp_path):
     # Tiles masked for all of a block's rows: causal, the first row block's last tile; middle, the second tile of
     # both row blocks.
     assert skips == [{"causal": 1, "middle": 2}.get(case, 0) if kind == "flash-mma-skip" else 0] * len(vecs), skips
+
+
+# ---- a 16-bit KV cache (Session(cache_dtype=...)): k and v read through a float32 cast ------------------------------
+def _llama_fn16(hkv, rep, s, t, d):
+    """_llama_fn over a 16-bit cache read back as float32 (llama.py's _cache_rows): fuse_attention reads through the
+    cast, so the kernels load the 16-bit rows as stored."""
+    def fn(q, cache_k, cache_v, mask):
+        keys, vals = cache_k.transpose(0, 1).float(), cache_v.transpose(0, 1).float()
+        scores = (q.reshape(hkv, s * rep, d) @ keys.transpose(1, 2)) * (1.0 / d ** 0.5)
+        return (scores.reshape(hkv, rep, s, t) + mask).softmax(-1).reshape(hkv, s * rep, t) @ vals
+    return fn
+
+
+# Decode over a 16-bit cache (FlashDecode's 16-bit vector loads: v's columns 4, 2 and 1 per lane), as HOST_CASES.
+KV16_CASES = {"decode-128": (2, 4, 1, 301, 128, "causal"), "decode-2-tokens": (2, 2, 2, 77, 32, "causal"),
+              "decode-64": (1, 3, 1, 130, 64, "causal")}
+
+
+def _cache16(kv_dtype, rng, case):
+    """HOST_CASES[case] (or KV16_CASES) with k and v 16-bit graph inputs (their values rounded to kv_dtype, as a
+    cache stores them): the function, the arrays, and the arrays torch reads."""
+    hkv, rep, s, p, d, _ = HOST_CASES[case] if case in HOST_CASES else KV16_CASES[case]
+    _, arrays = _host_case(case, lambda sh: np.asarray(rng(sh), np.float32))
+    tdt = torch.bfloat16 if kv_dtype == "bfloat16" else torch.float16
+    ref = [a if i in (0, 3) else torch.from_numpy(a).to(tdt).float().numpy() for i, a in enumerate(arrays)]
+    return _llama_fn16(hkv, rep, s, p + s, d), arrays, ref
+
+
+def _kv16_graph(fn, arrays, kv_dtype, compiler):
+    cx = lm.Graph()
+    ins = [cx.tensor(a.shape, kv_dtype if i in (1, 2) else "float32").set(a) for i, a in enumerate(arrays)]
+    out = fn(*ins).output()
+    cx.compile(lm.GenericCompiler(), *compiler)
+    return cx, out
+
+
+@pytest.mark.parametrize("case,kv_dtype,dtype", [("causal-gqa-offset", "bfloat16", "bfloat16"),
+                                                 ("middle", "float16", "float16"), ("head-36", "bfloat16", "bfloat16"),
+                                                 ("causal", "bfloat16", "float32"), ("middle", "float16", "bfloat16"),
+                                                 ("decode-128", "bfloat16", "bfloat16"),
+                                                 ("decode-2-tokens", "float16", "float16"),
+                                                 ("decode-64", "bfloat16", "float32")])
+def test_attention_16bit_cache(backend, rng, case, kv_dtype, dtype):
+    """Attention over 16-bit k and v read through a float32 cast against torch on the rounded values: one Attention
+    node that reads the 16-bit inputs (no float32 copy), on every backend (on a GPU: flash-mma-skip's cp.async
+    stages where the cache is in the compute dtype, loads rounded to it otherwise, the float32 Flash kernel, and
+    the decode kernel's 16-bit vector loads for few rows per KV head)."""
+    fn, arrays, ref = _cache16(kv_dtype, rng.data, case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    compilers = backend.compilers(dtype)
+    cx, out = _kv16_graph(fn, arrays, kv_dtype, compilers)
+    cx.execute()
+    if compilers:  # (the reference executor runs the primops: no Attention node)
+        g = cx._g
+        (att,) = [i for i in g.topo_order() if g.node(i).name == "Attention"]
+        assert [g.node(e.node).dtype for e in g.node(att).inputs[1:3]] == [kv_dtype] * 2
+    tol = 2e-2 if dtype != "float32" else 1e-4
+    np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol, err_msg=f"{case} {rng}")
+
+
+@pytest.mark.parametrize("case,kv_dtype", [("causal", "bfloat16"), ("middle", "bfloat16"),
+                                           ("causal-gqa-offset", "float16")])
+def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, tmp_path):
+    """flash-mma-skip over a 16-bit cache on the host: the two-stage pipeline (the next live tile's cp.async copies
+    issued before this tile's products; here plain copies), the zero-filled rows past the keys, the skipped tiles,
+    and the path that loads and rounds (a float16 cache under a bfloat16 compute dtype, or rows the runtime's flag
+    says are not 16-byte aligned)."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    gen = np.random.default_rng(2)
+    fn, arrays, ref = _cache16(kv_dtype, lambda sh: torch.from_numpy(gen.standard_normal(sh).astype(np.float32))
+                               .to(torch.bfloat16).float().numpy(), case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    vecs = (0, 1) if HOST_CASES[case][4] % 8 == 0 else (0,)  # (cp.async where the runtime takes it)
+    outs, skips = _attention_on_host(fn, arrays, "flash-mma-skip", vecs, tmp_path, kv_dtype)
+    for vec, got in zip(vecs, outs):
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
+    assert skips == [{"causal": 1, "middle": 2}.get(case, 0)] * len(vecs), skips
+
+
+@pytest.mark.parametrize("mode", ["rows", "chunks"])
+@pytest.mark.parametrize("case,kv_dtype", [("decode-128", "bfloat16"), ("causal-gqa-offset", "float16")])
+def test_cpu_attention_16bit_cache(rng, monkeypatch, mode, case, kv_dtype):
+    """The CPU Attention kernel over 16-bit k and v: the per-row path (LUMINAL_ATTENTION=rows) and the split-KV one
+    cut into chunks of 64 keys (blocks of 16-bit rows widened once for a group of query rows)."""
+    if mode == "rows":
+        monkeypatch.setenv("LUMINAL_ATTENTION", "rows")
+    else:
+        monkeypatch.setenv("LUMINAL_ATTENTION", "split")
+        monkeypatch.setenv("LUMINAL_ATTENTION_CHUNK", "64")
+    fn, arrays, ref = _cache16(kv_dtype, rng.data, case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    cx, out = _kv16_graph(fn, arrays, kv_dtype, [lm.CPUCompiler()])
+    assert cx.stats().get("Attention") == 1
+    cx.execute()
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"{case} {rng}")

@@ -2,7 +2,9 @@
 or 64 x 64 tiles for 16-byte aligned rows; the older tensor-core kernel, mma_kernel, for other rows; the float32 tiled
 kernel): parity with torch on every backend at shapes off the tiles' edges, and the variants a linear layer gets;
 cuBLASLt and the choice by timing (GPU only), with 2-15 rows (batched decode) against the matrix-vector kernel; the
-copy of cuBLASLt's operands into its workspace (NVRTC, and on the host as C++)."""
+copy of cuBLASLt's operands into its workspace (NVRTC, and on the host as C++); a product added into its only
+reader (the residual add: cuBLASLt's D = A.B + C, the schedule's mark checked without a GPU) and cuBLASLt's calls
+captured into the CUDA graph chunks, with graphs on and off."""
 from __future__ import annotations
 
 import os
@@ -401,3 +403,194 @@ def test_gemm_shared_operand_copy(gemm, rng):
             for o, w in zip(outs, ws):
                 want = (hb @ torch.from_numpy(w).bfloat16().float().T).numpy()
                 np.testing.assert_allclose(o.numpy(), want, rtol=2e-2, atol=3e-2, err_msg=f"{gemm} {rows} run {run}")
+
+
+# ---- a product added into its only reader (the residual add): cuBLASLt's D = A.B + C (Step::add_epilogue) ----------
+def _residual_graph(cx, m, k, n, *, swap=False):
+    """r + x @ w^T over float32 inputs (x, w stored in the weights' dtype: both are a product's operands)."""
+    x, w, r = cx.tensor((m, k)), cx.tensor((n, k)), cx.tensor((m, n))
+    p = _linear(x, w)
+    return x, w, r, ((p + r) if swap else (r + p))
+
+
+def _epilogues(build):
+    """The (product, Add) pairs the schedule of the graph `build(cx)` makes marks."""
+    cx = lm.Graph()
+    build(cx)
+    comp = lm.CudaCompiler("bfloat16", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    return comp.schedule.add_epilogues()
+
+
+def test_add_epilogue_marked():
+    """The schedule marks a float32 product whose only reader is an Add of it and a tensor of its shape, either
+    order, symbolic rows too; not a product read twice, an Add that broadcasts (a bias), a sum of the product with
+    itself, nor a 16-bit sum. (No GPU needed: the schedule is the core's.)"""
+    for swap in (False, True):
+        assert len(_epilogues(lambda cx: _residual_graph(cx, 40, 24, 16, swap=swap)[3].output())) == 1
+
+    def symbolic(cx):
+        x, w, r = cx.tensor(("s", 24)), cx.tensor((16, 24)), cx.tensor(("s", 16))
+        (r + _linear(x, w)).output()
+
+    assert len(_epilogues(symbolic)) == 1
+
+    def read_twice(cx):
+        x, w, r = cx.tensor((40, 24)), cx.tensor((16, 24)), cx.tensor((40, 16))
+        p = _linear(x, w)
+        (r + p).output()
+        (p * 2.0).output()
+
+    def bias(cx):
+        x, w, b = cx.tensor((40, 24)), cx.tensor((16, 24)), cx.tensor((16,))
+        (_linear(x, w) + b).output()
+
+    def doubled(cx):
+        x, w = cx.tensor((40, 24)), cx.tensor((16, 24))
+        p = _linear(x, w)
+        (p + p).output()
+
+    def half(cx):
+        x, w, r = cx.tensor((40, 24)), cx.tensor((16, 24)), cx.tensor((40, 16), lm.float16)
+        (_linear(x, w).to(lm.float16) + r).output()
+
+    for build in (read_twice, bias, doubled, half):
+        assert _epilogues(build) == [], build.__name__
+
+
+def _residual_want(x, w, r):
+    """torch: the operands rounded to bfloat16 (as stored), the product and the sum in float32."""
+    xb, wb = torch.from_numpy(x).bfloat16().float(), torch.from_numpy(w).bfloat16().float()
+    return (torch.from_numpy(r) + xb @ wb.transpose(-1, -2)).numpy()
+
+
+@pytest.fixture(params=["1", "0"], ids=["graphs", "no-graphs"])
+def graphs(request, monkeypatch):
+    """CUDA graphs on (cuBLASLt's calls captured into the chunks) and off (LUMINAL_CUDA_GRAPHS=0)."""
+    monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", request.param)
+    monkeypatch.delenv("LUMINAL_CUDA_BLAS_EPILOGUE", raising=False)
+    monkeypatch.delenv("LUMINAL_CUDA_BLAS_GRAPHS", raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("shape", [(300, 96, 200), (129, 63, 65), (2, 72, 136), (1030, 136, 2100)])
+def test_gemm_residual(gemm, graphs, rng, shape, monkeypatch, capfd):
+    """r + x @ w^T (either order) off the tiles' edges, K odd (read in place), 2 rows (batched decode), enough tiles
+    to fill an H100; three runs with new inputs (graph replay). cuBLASLt forced: the Add's kernel does not run (one
+    launch fewer than with LUMINAL_CUDA_BLAS_EPILOGUE=0), and its call is captured (no warning)."""
+    m, k, n = shape
+    for swap in (False, True):
+        cx = lm.Graph()
+        x, w, r, y = _residual_graph(cx, m, k, n, swap=swap)
+        y = y.output()
+        cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
+        launches = {}
+        for run, fused in enumerate(("1", "0", "1")):
+            monkeypatch.setenv("LUMINAL_CUDA_BLAS_EPILOGUE", fused)
+            xs, rs = rng.data((m, k)).astype(np.float32), rng.data((m, n)).astype(np.float32)
+            ws = (rng.data((n, k)) / k ** 0.5).astype(np.float32)
+            x.set(xs), w.set(ws), r.set(rs)
+            cx.execute()
+            np.testing.assert_allclose(y.numpy(), _residual_want(xs, ws, rs), rtol=2e-3, atol=2e-3,
+                                       err_msg=f"{gemm} {shape} swap={swap} run {run}")
+            launches[fused] = cx._runtime.rt.last_launches()
+        if gemm == "cublas":
+            assert launches["1"] == launches["0"] - 1, launches
+    assert "could not be captured" not in capfd.readouterr().err
+
+
+def test_gemm_residual_symbolic_rows(gemm, graphs, rng, capfd):
+    """One compiled graph, prompts of several lengths (each planned, and captured, again), a length seen before
+    again, and every run with new inputs."""
+    k, n = 64, 96
+    w = (rng.data((n, k)) / k ** 0.5).astype(np.float32)
+    cx = lm.Graph()
+    x, wt, r = cx.tensor(("s", k)), cx.tensor((n, k)).set(w), cx.tensor(("s", n))
+    y = (r + _linear(x, wt)).output()
+    cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
+    for s in (40, 300, 17, 300, 300, 2):
+        xs, rs = rng.data((s, k)).astype(np.float32), rng.data((s, n)).astype(np.float32)
+        x.set(xs), r.set(rs)
+        cx.execute()
+        np.testing.assert_allclose(y.numpy(), _residual_want(xs, w, rs), rtol=2e-3, atol=2e-3, err_msg=f"{gemm} s={s}")
+    assert "could not be captured" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["residual read again", "residual is a", "chained", "shared weights", "batched"])
+def test_gemm_residual_aliasing(gemm, graphs, rng, case):
+    """The Add's other operand read by another op too (it must stay as it was), the product's own left operand as
+    the residual (h + h @ w^T), two residual layers in a row (the first's sum is the second's residual and operand),
+    a Linear over [batch, tokens, features] (one product of batch x tokens rows), a batch of products (a batch
+    stride each); two runs each with new inputs."""
+    k = 72
+    cx = lm.Graph()
+    ws = [(rng.data((k, k)) / k ** 0.5).astype(np.float32) for _ in range(2)]
+    w1, w2 = cx.tensor((k, k)).set(ws[0]), cx.tensor((k, k)).set(ws[1])
+    shape = {"shared weights": (3, 50, k), "batched": (3, 50, k)}.get(case, (130, k))
+    x, r = cx.tensor(shape), cx.tensor(shape)
+    bf = lambda a: torch.from_numpy(a).bfloat16().float()
+    tw = [bf(w) for w in ws]
+    if case == "residual read again":
+        outs = [(r + _linear(x, w1)).output(), (r * 2.0).output()]
+        want = lambda xs, rs: [torch.from_numpy(rs) + bf(xs) @ tw[0].T, torch.from_numpy(rs) * 2]
+    elif case == "residual is a":
+        h = x * 2.0  # (float32: copied, rounded, into cuBLASLt's workspace)
+        outs = [(h + _linear(h, w1)).output()]
+        want = lambda xs, rs: [torch.from_numpy(xs) * 2 + (torch.from_numpy(xs) * 2).bfloat16().float() @ tw[0].T]
+    elif case == "chained":
+        h = x * 2.0
+        y1 = h + _linear(h, w1)
+        outs = [(y1 + _linear(y1, w2)).output()]
+
+        def want(xs, rs):
+            h = torch.from_numpy(xs) * 2
+            y1 = h + h.bfloat16().float() @ tw[0].T
+            return [y1 + y1.bfloat16().float() @ tw[1].T]
+    elif case == "shared weights":
+        outs = [(r + _linear(x, w1)).output()]
+        want = lambda xs, rs: [torch.from_numpy(rs) + bf(xs) @ tw[0].T]
+    else:  # a batch of products: x[b] @ x[b]^T... of distinct right operands, the residual (3, 50, 50)
+        r = cx.tensor((3, 50, 50))
+        outs = [(r + x @ x.transpose(1, 2)).output()]
+        want = lambda xs, rs: [torch.from_numpy(rs) + bf(xs) @ bf(xs).transpose(1, 2)]
+    cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
+    for run in range(2):
+        xs = rng.data(shape).astype(np.float32)
+        rs = rng.data(tuple(r.shape)).astype(np.float32)
+        x.set(xs), r.set(rs)
+        cx.execute()
+        for o, wt in zip(outs, want(xs, rs)):
+            np.testing.assert_allclose(o.numpy(), wt.numpy(), rtol=5e-3, atol=5e-3, err_msg=f"{gemm} {case} run {run}")
+
+
+def test_llama_batched_decode_fused(graphs, rng, monkeypatch, capfd):
+    """A tiny Llama, 4 sequences (a prompt, then decode steps of 4 rows) with cuBLASLt forced: the residual adds
+    computed by its products, its calls captured into the chunks, give the logits of the same model run with both
+    off (LUMINAL_CUDA_BLAS_EPILOGUE=0, LUMINAL_CUDA_BLAS_GRAPHS=0) at every step."""
+    from luminal.nn import Llama, LlamaConfig, Session
+
+    if needs_cuda():
+        pytest.skip(needs_cuda())
+    if not lm.cuda.cublas_available()[0]:
+        pytest.skip(lm.cuda.cublas_available()[1].splitlines()[0])
+    monkeypatch.setenv("LUMINAL_CUDA_GEMM", "cublas")
+    cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16)
+    weights, sessions = None, []
+    for _ in range(2):
+        model = Llama(cfg)
+        if weights is None:
+            weights = {nm: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
+                       for nm, p in model.named_parameters()}
+        for nm, p in model.named_parameters():
+            p.set(weights[nm])
+        sessions.append(Session(model, [lm.GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=4, batch=4))
+    ids = rng.integers(0, cfg.vocab_size, (4, 12))
+    steps = [ids[:, :5]] + [ids[:, i:i + 1] for i in range(5, 12)]
+    for j, tok in enumerate(steps):
+        got = []
+        for s, on in zip(sessions, ("1", "0")):
+            monkeypatch.setenv("LUMINAL_CUDA_BLAS_EPILOGUE", on)
+            monkeypatch.setenv("LUMINAL_CUDA_BLAS_GRAPHS", on)
+            got.append(s.step(tok))
+        np.testing.assert_allclose(got[0], got[1], rtol=1e-4, atol=1e-4, err_msg=f"step {j}")
+    assert "could not be captured" not in capfd.readouterr().err

@@ -210,7 +210,7 @@ def test_qdot_kernels_on_the_host(rows, n, k, rng, tmp_path):
     comp = lm.CudaCompiler("float32", device=None)
     cx.compile(lm.GenericCompiler(), comp)
     g = cx._g
-    ((nid, variants),) = [(i, vs) for i, vs, _ in comp.schedule.kernels() if vs[0][0] == "qdot"]
+    ((nid, variants),) = [(i, dict(vs)) for i, vs, _ in comp.schedule.kernels() if "qdot" in dict(vs)]
     texts = dict(comp.schedule.kernel_texts)
     (quant,) = [name for name, t in texts.items() if "__float2int_rn" in t]
     node = g.node(nid)
@@ -228,17 +228,201 @@ int main() {{
   std::vector<float> out({rows * n}, 12345.0f);
   int err = 0;
   launch(2, 1, 1, 64, [&] {{ {quant}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
-  launch(3, 1, 1, 256, [&] {{ {variants[0][1]}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
+  launch(3, 1, 1, 256, [&] {{ {variants["qdot"]}(p.data(), &err, out.data(), x.data(), w.data(), ws.data()); }});
   FILE* f = std::fopen("out.bin", "wb");
   std::fwrite(out.data(), 4, out.size(), f);
   std::fclose(f);
 }}
 """
-    dot = re.sub(r'asm volatile\("prefetch\.global\.L2.*?\);', ";", texts[variants[0][1]], flags=re.S)  # (hints)
+    dot = re.sub(r'asm volatile\("prefetch\.global\.L2.*?\);', ";", texts[variants["qdot"]], flags=re.S)  # (hints)
     exe = cuda_host.build(texts[quant] + dot + main, tmp_path)
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     (tmp_path / "w.bin").write_bytes(np.ascontiguousarray(raw).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(rows, n)
     want = expected_dp4a(x, raw, k)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
+
+
+# ---- Q8_0 products in the matrix-vector groups (qrows: dot_rows with the quants unpacked in registers) -------------
+def q8_layers(g, rng, specs, raws=None):
+    """For each (name, rows, k, kind): a weight (kind "q8": Dequant of random Q8_0 rows, kept in `raws`; "float":
+    float32) and the float64 values it multiplies by."""
+    ws, vals = {}, {}
+    for name, n, k, kind in specs:
+        if kind == "q8":
+            raw, v = random_quant_blocks(rng.gen, "Q8_0", n, k)
+            ws[name] = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)), name=name)
+            raws[name] = raw
+        else:
+            v = rng.data((n, k)).astype(np.float32)
+            ws[name] = g.tensor(v.shape, name=name).set(v)
+        vals[name] = v.astype(np.float64)
+    return ws, vals
+
+
+@pytest.mark.parametrize("tokens,dtype", [(1, "float32"), (1, "bfloat16"), (5, "float32")])
+@pytest.mark.parametrize("k", [160, 4160])  # 5 and 130 blocks (multiples of 32, not of 256)
+def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, k, rng):
+    """Q8_0 products of one activation row join the matrix-vector group (one kernel for all of them): q and k (k's
+    weight float: a mixed group), o with a residual add, gate (Q8_0) and up (float) with silu(gate) * up, odd row
+    counts (41, 7, 37). 5 rows: the same steps one by one (the tiled and warp-per-output kernels). Against float64
+    numpy: the group computes with float32 activations and sums, so the check stays tight."""
+    x, res = rng.data((tokens, k)).astype(np.float32), rng.data((tokens, 24)).astype(np.float32)
+    g = lm.Graph()
+    xt = g.tensor((tokens, k), name="x").set(x)
+    rt = g.tensor((tokens, 24), name="res").set(res)
+    h = xt * 0.02  # (an activation computed on the device: stored float32; products of a few units)
+    w, v = q8_layers(g, rng, [("q", 41, k, "q8"), ("k", 7, k, "float"), ("o", 24, k, "q8"), ("g", 37, k, "q8"),
+                              ("u", 37, k, "float")], {})
+    q, kk = (h @ w["q"].T).output(), (h @ w["k"].T).output()
+    r = (rt + h @ w["o"].T).output()
+    m = ((h @ w["g"].T).silu() * (h @ w["u"].T)).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers(dtype))
+    g.execute()
+    x64 = (x * np.float32(0.02)).astype(np.float64)
+    v = {n: as_dtype(a, dtype).astype(np.float64) if n in ("k", "u") else a for n, a in v.items()}  # (stored in dtype)
+    p = {n: x64 @ a.T for n, a in v.items()}
+    wants = [p["q"], p["k"], res + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]]
+    for o, want in zip((q, kk, r, m), wants):
+        close(o.numpy(), want, backend, rng)
+    if backend.name == "cuda" and tokens == 1:  # the activations' multiply, then one kernel for the rest
+        assert g._runtime.rt.last_launches() == 2
+
+
+def test_q8_groups_off(backend, rng, monkeypatch, capfd):
+    """LUMINAL_CUDA_Q8_ROWS=0: a group's Q8_0 members take qdot one by one (the group kernel does not run)."""
+    monkeypatch.setenv("LUMINAL_CUDA_Q8_ROWS", "0")
+    k = 96
+    x = rng.data((1, k)).astype(np.float32)
+    g = lm.Graph()
+    xt = g.tensor((1, k), name="x").set(x)
+    h = xt * 1.5
+    raws = {}
+    w, v = q8_layers(g, rng, [("q", 9, k, "q8"), ("k", 5, k, "q8")], raws)
+    outs = [(h @ w[n].T).output() for n in ("q", "k")]
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    g.execute()
+    for o, n in zip(outs, ("q", "k")):  # (qdot quantises the activations: the check follows it)
+        close(o.numpy(), expected_dp4a(x * np.float32(1.5), raws[n], k), backend, rng)
+    if backend.name == "cuda":  # the activations' multiply, then per product its quantising kernel and qdot
+        assert g._runtime.rt.last_launches() == 5
+        run_checked(g, backend, monkeypatch, capfd, ["qdot"])
+
+
+@pytest.mark.parametrize("layout", ["packed", "offset"])
+def test_q8_rows_alone(backend, layout, rng, monkeypatch, capfd):
+    """LUMINAL_CUDA_Q8_ROWS=1: a product alone takes qrows too. 41 rows of 5 blocks (170 bytes: every other row 2-byte
+    aligned, and the buffer ends 2 bytes into a word, which the last lane must not read past), or the rows read 2
+    bytes into a wider buffer."""
+    monkeypatch.setenv("LUMINAL_CUDA_Q8_ROWS", "1")
+    n, k = 41, 160
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    g = lm.Graph()
+    if layout == "packed":
+        w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
+    else:
+        wide = np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
+        t = g.tensor(wide.shape, lm.uint8, name="raw").set(wide)
+        w = g._wrap(g._g.dequant("Q8_0", t[:, 2:]._edge(), [n, k]))
+    x = rng.data((1, k)).astype(np.float32)
+    xt = g.tensor((1, k), name="x").set(x)
+    y = ((xt * 1.5) @ w.T).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
+    run_checked(g, backend, monkeypatch, capfd, ["qrows"])
+    close(y.numpy(), (x * np.float32(1.5)).astype(np.float64) @ vals.astype(np.float64).T, backend, rng)
+
+
+# (what the qrows kernels need beyond cuda_host's prelude; the weight words' loads checked against their buffer)
+QROWS_HOST = r"""
+inline float __uint_as_float(unsigned u) { return bits_f32(u); }
+inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned s) {
+  return unsigned(((unsigned long long)hi << 32 | lo) >> (s > 32 ? 32 : s));
+}
+template <class T> T __shfl_sync(unsigned, T v, int src) {
+  int t = threadIdx.x;
+  xbuf[t] = double(v);
+  wbar[t / 32].wait();
+  T r = T(xbuf[(t & ~31) + src]);
+  wbar[t / 32].wait();
+  return r;
+}
+inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
+static const char *w_lo, *w_hi;  // the packed weights' buffer
+template <class T> T checked(const T* p) {
+  if ((const char*)p < w_lo || (const char*)(p + 1) > w_hi) { std::fprintf(stderr, "weight load out of bounds\n"); std::abort(); }
+  return *p;
+}
+inline unsigned __ldg(const unsigned* p) { return checked(p); }
+inline u16 __ldg(const u16* p) { return checked(p); }
+"""
+
+
+def slice_of(g, nid, rows, n, k, sizes, q8):
+    """A QMatMul's (q8) or MatMul's parameter slice as the runtime writes it: node, outputs, K, N, then its views
+    (offset, buffer size, shape, strides); a QMatMul's weights' first rows after them."""
+    p = [nid, rows * n, k, n]
+    for e in g.node(nid).inputs:
+        p += [int(e.view.offset), sizes[g.node(e.node).name]] + [int(s) for s in e.view.shape] + \
+             [int(s) for s in e.view.strides]
+    return p + ([0, n] if q8 else [])
+
+
+@pytest.mark.parametrize("n,k,layout", [(41, 160, "packed"), (9, 1088, "offset"), (3, 32, "packed")])
+def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
+    """The qrows kernel alone and a group of Q8_0, float and Q8_0 members run on the host (cuda_host.py), against
+    float64 numpy: 5 blocks (lanes 20-31 idle; 170-byte rows, the buffer ending 2 bytes into a word), 34 (a second
+    step, partly past K; rows read 2 bytes into a wider buffer) and 1; grids smaller than the work."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    raw2, vals2 = random_quant_blocks(rng.gen, "Q8_0", n + 2, k)
+    wf = rng.data((7, k)).astype(np.float32)
+    buf = raw if layout == "packed" else np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
+    x = rng.data((1, k)).astype(np.float32)
+    cx = lm.Graph()
+    xt = cx.tensor(x.shape, name="x").set(x)
+    t = cx.tensor(buf.shape, lm.uint8, name="w").set(buf)
+    w = cx._wrap(cx._g.dequant("Q8_0", (t if layout == "packed" else t[:, 2:])._edge(), [n, k]))
+    w2 = dequantize(cx, QuantizedWeight(raw2, "Q8_0", (n + 2, k)), name="w2")
+    outs = [(xt @ w.T).output(), (xt @ cx.tensor(wf.shape, name="wf").set(wf).T).output(), (xt @ w2.T).output()]
+    comp = lm.CudaCompiler("float32", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    texts = dict(comp.schedule.kernel_texts)
+    ((group, members),) = comp.schedule.groups()
+    kinds = {i: dict(vs) for i, vs, _ in comp.schedule.kernels()}
+    ids = [o._edge().node for o in outs]
+    ids = [g.node(i).inputs[0].node if i not in kinds else i for i in ids]  # (an Output aliasing its product)
+    assert "qrows" in kinds[ids[0]] and "gemv" in kinds[ids[1]] and "qrows" in kinds[ids[2]]
+    assert sorted(members) == sorted(ids)
+    sizes = {"x": x.size, "w": buf.size, "w2": raw2.size, "wf": wf.size}
+    slices = [slice_of(g, i, 1, r, k, sizes, q) for i, r, q in zip(ids, (n, 7, n + 2), (True, False, True))]
+    order = [ids.index(m) for m in members]  # (the group kernel's argument order)
+    rows = [n, 7, n + 2]
+    arrays = ", ".join(f"out{j}({rows[j]}, 12345.0f)" for j in range(3))
+    group_args = "".join(f", P[{j}].data(), out{j}.data(), {('w', 'wf', 'w2')[j]}.data()" for j in order)
+    main = f"""
+int main() {{
+  std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, s)) + "}" for s in slices)}}};
+  std::vector<char> x = load("x.bin"), w = load("w.bin"), w2 = load("w2.bin"), wf = load("wf.bin");
+  std::vector<float> alone({n}, 12345.0f), {arrays};
+  int err = 0;
+  w_lo = w.data(); w_hi = w.data() + w.size();
+  launch(2, 1, 1, 64, [&] {{ {kinds[ids[0]]["qrows"]}(P[0].data(), &err, alone.data(), x.data(), w.data()); }});
+  w_lo = nullptr; w_hi = (const char*)~(uintptr_t)0;  // (two buffers: bounds checked in the kernel alone)
+  launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  for (auto* v : {{&alone, &out0, &out1, &out2}}) std::fwrite(v->data(), 4, v->size(), f);
+  std::fclose(f);
+}}
+"""
+    exe = cuda_host.build(QROWS_HOST + texts[kinds[ids[0]]["qrows"]] + texts[group] + main, tmp_path)
+    for name, a in (("x", x), ("w", buf), ("w2", raw2), ("wf", wf)):
+        (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+    subprocess.run([str(exe)], check=True, cwd=tmp_path)
+    got = np.fromfile(tmp_path / "out.bin", np.float32)
+    x64 = x.astype(np.float64)
+    want = np.concatenate([x64 @ vals.T.astype(np.float64), x64 @ vals.T.astype(np.float64), x64 @ wf.T.astype(np.float64),
+                           x64 @ vals2.T.astype(np.float64)], None)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))

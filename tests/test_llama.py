@@ -236,3 +236,49 @@ def test_config_does_not_match_weights(tmp_path, seed):
     (tmp_path / "config.json").write_text(json.dumps(c))
     with pytest.raises(ValueError, match="missing"):
         load_llama(tmp_path, progress=False)
+
+
+# ---- a 16-bit KV cache -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("cache_dtype,batch", [("bfloat16", None), ("float16", None), (lm.bfloat16, 2)])
+def test_session_cache_dtype(tmp_path, backend, seed, cache_dtype, batch, monkeypatch):
+    """Session(cache_dtype=...) stores the caches in that dtype (bfloat16 as raw bits on the host) and attention
+    reads them back: the logits match transformers with its keys and values rounded the same way where attention
+    reads them, batched and not, across two steps that outgrow the cache (capacity 4 doubles to 16, copying rows)."""
+    from transformers.models.llama import modeling_llama
+
+    cfg = tiny_config()
+    ref = write_tiny(tmp_path, cfg, seed)
+    model, _ = load_llama(tmp_path, progress=False)
+    sess = Session(model, [GenericCompiler()] + backend.compilers("float32"), last_only=False, capacity=4,
+                   cache_dtype=cache_dtype, batch=batch)
+    name = str(cache_dtype)
+    assert sess.cache_dtype is lm.dtypes.dtype(name)
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch or 1, 9))
+    feed = ids if batch else ids[0]
+    got = np.concatenate([sess.step(feed[..., :6]), sess.step(feed[..., 6:])], axis=-2).reshape(batch or 1, 9, -1)
+    assert sess._capacity == 16
+    cache = sess._caches[0]
+    assert (cache.dtype == (np.uint16 if name == "bfloat16" else np.float16) if isinstance(cache, np.ndarray)
+            else cache.dtype == name)  # (a GPU's DeviceArray)
+    with torch.no_grad():
+        exact = ref(torch.tensor(ids)).logits.numpy()
+        tdt = getattr(torch, name)
+        plain = modeling_llama.eager_attention_forward
+
+        def rounded(module, q, k, v, *args, **kw):
+            return plain(module, q, k.to(tdt).float(), v.to(tdt).float(), *args, **kw)
+        monkeypatch.setattr(modeling_llama, "eager_attention_forward", rounded)
+        ref.config._attn_implementation = "eager"
+        want = ref(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4, err_msg=f"seed {seed}")
+    # (the rounding shows against float32 keys and values: a bfloat16 cache moves the logits by ~1e-3)
+    assert name == "float16" or np.abs(got - exact).max() > 2e-4
+
+
+def test_session_cache_dtype_errors(tmp_path, seed):
+    cfg = tiny_config()
+    write_tiny(tmp_path, cfg, seed)
+    model, _ = load_llama(tmp_path, progress=False)
+    for bad in ("int32", "float64", lm.uint8):
+        with pytest.raises(ValueError, match="cache_dtype must be None, 'float32', 'bfloat16' or 'float16'"):
+            Session(model, cache_dtype=bad)

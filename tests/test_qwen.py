@@ -299,9 +299,11 @@ def rounded_decode(ref, ids, first=7, margin=1e-3):
     stays float). The router (F32 in the file) and the routed experts (their rows unpacked, then float products)
     are other modules here, and keep float activations there too.
 
-    The token: the first from `first` on whose rounded activations all lie `margin` steps or more from a rounding
-    boundary. Luminal's activations differ from these by float32 summation order (up to ~1e-4 steps); one nearer a
-    boundary may round the other way there, moving the logits by up to 1% of the largest."""
+    The token: the first from `first` on whose activations all lie `margin` steps or more from a rounding boundary.
+    Luminal's activations differ from these in their last float32 bits (summation order), a small fraction of
+    `margin` in steps (|x / d| <= 127); one nearer a boundary could round the other way there, a whole step off,
+    which moves the logits far more than DECODE_BOUND allows."""
+    assert len(ids) > 4, "the prompt must take the kernel's float path (more than 4 rows)"
     closest = []
 
     def hook(module, args):
@@ -325,7 +327,9 @@ def rounded_decode(ref, ids, first=7, margin=1e-3):
     raise AssertionError(f"every decode token from {first} rounds an activation within {margin} steps of a boundary")
 
 
-DECODE_BOUND = 1e-5  # of the largest logit, for test_gguf's decode step
+# test_gguf's decode step against rounded_decode, as a fraction of the largest logit: with the activations rounded
+# alike, only float32 summation order differs (~1e-7 of it), so a wrong weight row or routing choice fails at once.
+DECODE_BOUND = 1e-5
 
 
 @pytest.mark.parametrize("arch,qtype", [("qwen2", "F32"), ("qwen3", "F32"), ("qwen3_moe", "F32"),
@@ -378,9 +382,8 @@ def test_gguf(tmp_path, arch, qtype, seed):
     if arch in MOE:  # the dense form over the same packed experts
         dense, _ = load_llama(path, progress=False, moe_form="dense")
         np.testing.assert_allclose(Session(dense, last_only=False).step(ids), got, atol=1e-4, rtol=1e-4)
-    # Decode rounds activations to int8 blocks; the reference rounds them alike, so only float summation order
-    # differs: ~1e-6 of the largest logit. Against a float reference the rounding alone moved the logits by several
-    # percent, and by a quarter when it flipped a router choice near a tie.
+    # Decode rounds the activations of the Q8_0 products to int8 blocks; so does the reference (against a float one
+    # the rounding moved the logits by percents, and flipped router choices near a tie).
     token, want_next = rounded_decode(ref, ids)
     err = np.abs(sess.step([token])[0] - want_next).max() / np.abs(want_next).max()
     assert err < DECODE_BOUND, f"decode logits (token {token}) differ by {err:.2e} of the largest, seed {seed}"

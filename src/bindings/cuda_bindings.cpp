@@ -119,8 +119,8 @@ void bind_cuda(py::module_& m) {
         for (size_t k = 0; k < s.sched.groups.size(); ++k) {  // "MatMul x3/group", "Fused+Scatter x2/batch"
           const luminal::Group& G = s.sched.groups[k];
           if (G.kind == luminal::Group::MatVec) {
-            add(s.group_fns[k], "MatMul x" + std::to_string(G.members.size()) + (G.epilogues.empty() ? "" : "+Fused") +
-                                    "/group");
+            add(s.group_fns[k], std::string(G.prologue >= 0 ? "Fused+" : "") + "MatMul x" + std::to_string(G.members.size()) +
+                                    (G.epilogues.empty() ? "" : "+Fused") + "/group");
             continue;
           }
           std::string what;
@@ -132,15 +132,23 @@ void bind_cuda(py::module_& m) {
         }
         return out;
       })
+      .def("add_epilogues", [](const Module& s) {
+        py::list out;  // (product, Add): products whose only reader adds them to another tensor (Step::add_epilogue)
+        for (auto& st : s.sched.steps)
+          if (st.add_epilogue >= 0) out.append(py::make_tuple(st.node, st.add_epilogue));
+        return out;
+      }, "Products that cuBLASLt may add into their only reader, an Add: (product node, Add node).")
       .def("groups", [](const Module& s) {
         py::list out;  // (kernel, node ids): steps that run as one kernel
         for (size_t k = 0; k < s.sched.groups.size(); ++k) {
           std::vector<int64_t> ids;
+          if (s.sched.groups[k].prologue >= 0) ids.push_back(s.sched.steps[size_t(s.sched.groups[k].prologue)].node);
           for (size_t i = s.sched.groups[k].first; i <= s.sched.groups[k].last; ++i) ids.push_back(s.sched.steps[i].node);
           out.append(py::make_tuple(s.group_fns[k], ids));
         }
         return out;
-      }, "Steps that run as one kernel: (its name, their node ids), matrix-vector groups and batches.")
+      }, "Steps that run as one kernel: (its name, their node ids), matrix-vector groups (a prologue's step first) and "
+         "batches.")
       .def("host_steps", [](const Module& s) {
         std::vector<int64_t> out;
         for (auto& st : s.sched.steps)

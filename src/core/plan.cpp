@@ -113,6 +113,10 @@ Plan::Plan(const Graph& g, const Schedule& s) : g_(g), s_(s) {
       for (int64_t r : kernel_reads(g_, s_.steps[i]))
         if (reads_last_[size_t(r)] >= int64_t(G.first))
           reads_last_[size_t(r)] = std::max<int64_t>(reads_last_[size_t(r)], int64_t(G.last));
+  for (const Group& G : s_.groups)  // (a group's kernel reads what its prologue's step reads)
+    if (G.prologue >= 0)
+      for (int64_t r : kernel_reads(g_, s_.steps[size_t(G.prologue)]))
+        reads_last_[size_t(r)] = std::max<int64_t>(reads_last_[size_t(r)], int64_t(G.last));
   shapes_.assign(nn, {});
   views_.assign(ns, {});
   identity_.assign(ns, 0);

@@ -75,6 +75,7 @@ class Scheduler {
   std::vector<size_t> move_together(const std::vector<std::vector<size_t>>& sets);
   void group_matvecs();
   void batch_steps();
+  void mark_add_epilogues();
 };
 
 Schedule Scheduler::run() {
@@ -113,6 +114,11 @@ Schedule Scheduler::run() {
       st.matvec = is_float(s_.storage[n.inputs[0].node]) && is_float(s_.storage[n.inputs[1].node]) &&
                   is_float(n.dtype) && !a.has_mask() && !b.has_mask() && a.rank() >= 1;
     }
+    // A Q8_0 QMatMul over one weight joins the groups too (its rows unpacked in the dot loop): the runtime takes
+    // the group kernel for it only for one row of activations (decode).
+    if (const QMatMulOp* q = op_as<QMatMulOp>(n))
+      st.matvec = q->format == QuantFormat::Q8_0 && n.inputs.size() == 2 && is_float(s_.storage[n.inputs[0].node]) &&
+                  n.dtype == DType::F32 && !n.inputs[0].view.has_mask() && n.inputs[0].view.rank() >= 2;
     if (n.op == Op::Scatter && opts_.groups) {
       // The source's element-wise producer, when only this Scatter reads it, as stored.
       const Edge& src = n.inputs[2];
@@ -130,6 +136,7 @@ Schedule Scheduler::run() {
     group_matvecs();
     batch_steps();
   }
+  mark_add_epilogues();
   return std::move(s_);
 }
 
@@ -171,6 +178,7 @@ std::vector<size_t> Scheduler::move_together(const std::vector<std::vector<size_
       for (size_t& i : *v) i = now[i];
     G.first = now[G.first];
     G.last = now[G.last];
+    if (G.prologue >= 0) G.prologue = long(now[size_t(G.prologue)]);
   }
   std::vector<Step> re;
   re.reserve(ns);
@@ -183,7 +191,9 @@ std::vector<size_t> Scheduler::move_together(const std::vector<std::vector<size_
 // element-wise step that is the only reader of some of them (the residual add after o or down, SwiGLU's
 // silu(gate) * up) is computed as they store, so that their results never go through memory. A Llama layer's
 // decode then runs 4 matrix-vector kernels instead of 7, and 3 element-wise kernels fewer. The group's steps are
-// moved next to each other (they only read what is ready by then).
+// moved next to each other (they only read what is ready by then). A row program that computes the activations
+// and that only the group's members read (the RMSNorm before q/k/v, gate/up, or the logits) becomes the group's
+// prologue (Group::prologue): a group then forms for a single product too.
 void Scheduler::group_matvecs() {
   std::vector<Step>& steps = s_.steps;
   size_t ns = steps.size();
@@ -227,11 +237,29 @@ void Scheduler::group_matvecs() {
     if (it == keyed.end()) keyed.push_back({i});
     else it->push_back(i);
   }
+  // The step computing activations `a` when it may be the prologue of a group of `members`: a row program
+  // (reductions over the last axis, an element per output) whose output only they read, as their left operand.
+  auto prologue_of = [&](int64_t a, const std::vector<size_t>& members) -> long {
+    long p = at[a];
+    if (!opts_.prologues || p < 0) return -1;
+    const Step& ps = steps[size_t(p)];
+    int readers = 0;
+    for (size_t m : members) {
+      const Node& mn = g_.node(steps[m].node);
+      if (mn.inputs[1].node == a) return -1;
+      readers += mn.inputs[0].node == a;
+    }
+    bool ok = ps.kind == Step::Kernel && ps.program && ps.program->has_row_reductions() &&
+              ps.program->reduce == Op::Input && !ps.matvec && !ps.absorbed && ps.perm.empty() && ps.group < 0 &&
+              ps.producer < 0 && g_.node(a).op != Op::Output && is_float(g_.node(a).dtype) && reads[a] == readers;
+    return ok ? p : -1;
+  };
   struct Unit {
     std::vector<size_t> ms;
     long f = -1;
   };
   std::vector<std::vector<Unit>> found;
+  std::vector<long> prologues;
   for (auto& cand : keyed) {
     size_t g0 = cand[0];
     std::vector<size_t> members;
@@ -261,7 +289,11 @@ void Scheduler::group_matvecs() {
       units.push_back(u);
     }
     bool any_epilogue = std::any_of(units.begin(), units.end(), [](const Unit& u) { return u.f >= 0; });
-    if (members.size() >= 2 || any_epilogue) found.push_back(std::move(units));
+    long pro = prologue_of(g_.node(steps[g0].node).inputs[0].node, members);
+    if (members.size() >= 2 || any_epilogue || pro >= 0) {
+      found.push_back(std::move(units));
+      prologues.push_back(pro);
+    }
   }
   // Each group's steps together at its first member's place: members, then epilogues.
   std::vector<std::vector<size_t>> sets(found.size());
@@ -282,6 +314,10 @@ void Scheduler::group_matvecs() {
     G.first = now[sets[gi][0]];
     G.last = G.first + sets[gi].size() - 1;
     for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(s_.groups.size());
+    if (prologues[gi] >= 0) {
+      G.prologue = long(now[size_t(prologues[gi])]);
+      steps[size_t(G.prologue)].prologue_of = int(s_.groups.size());
+    }
     s_.groups.push_back(std::move(G));
   }
 }
@@ -318,6 +354,43 @@ void Scheduler::batch_steps() {
     G.last = G.first + G.batch.size() - 1;
     for (size_t k = G.first; k <= G.last; ++k) steps[k].group = int(s_.groups.size());
     s_.groups.push_back(std::move(G));
+  }
+}
+
+// Products whose only reader adds them to another tensor of their shape (Step::add_epilogue). Node ids, not step
+// indices: the groups above have moved the steps already.
+void Scheduler::mark_add_epilogues() {
+  std::vector<long> at(g_.size(), -1), reader(g_.size(), -1);
+  std::vector<int> reads(g_.size(), 0);
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    at[s_.steps[i].node] = long(i);
+    for (auto& e : g_.node(s_.steps[i].node).inputs) {
+      reads[e.node]++;
+      reader[e.node] = long(i);
+    }
+  }
+  auto f32 = [&](int64_t id) { return g_.node(id).dtype == DType::F32 && s_.storage[size_t(id)] == DType::F32; };
+  for (Step& st : s_.steps) {
+    const Node& n = g_.node(st.node);
+    if (st.kind != Step::Kernel || !op_as<MatMulOp>(n) || !f32(st.node) || reads[st.node] != 1) continue;
+    const Step& as = s_.steps[size_t(reader[st.node])];
+    const Node& an = g_.node(as.node);
+    if (!as.elementwise() || as.absorbed || an.op == Op::Output || an.inputs.size() != 2 || !f32(as.node) ||
+        an.shape != n.shape || an.inputs[0].node == an.inputs[1].node)
+      continue;
+    // The program is exactly load + load + Add in float32 (a primop Add, or a fusion of nothing more).
+    const std::vector<Instr>& c = as.program->code;
+    bool add = c.size() == 3 && c[2].kind == Instr::Apply && c[2].op == Op::Add && c[2].dtype == DType::F32;
+    for (int k = 0; add && k < 2; ++k) {
+      int r = k ? c[2].b : c[2].a;
+      add = r >= 0 && r < 2 && c[size_t(r)].kind == Instr::Load && c[size_t(r)].dtype == DType::F32;
+    }
+    add = add && c[size_t(c[2].a)].input != c[size_t(c[2].b)].input;
+    const Edge& other = an.inputs[an.inputs[0].node == st.node ? 1 : 0];
+    if (!add || !f32(other.node) || at[other.node] < 0) continue;
+    bool plain = true;
+    for (auto& e : an.inputs) plain = plain && is_plain(g_, e) && e.view.shape == an.shape;
+    if (plain) st.add_epilogue = as.node;
   }
 }
 

@@ -29,6 +29,11 @@ struct Step {
   // A MatMul whose float operands are read unpadded: it may take a matrix-vector kernel.
   bool matvec = false;
   int group = -1;  // a member of Schedule::groups[group]
+  int prologue_of = -1;  // the row program Schedule::groups[prologue_of] computes itself (Group::prologue)
+  // A float32 MatMul whose only reader is an element-wise Add of it and another float32 tensor of the same shape,
+  // both read as stored: that Add's node, which a GEMM with an accumulating epilogue (D = A.B + C) may compute in
+  // the product's place (the residual add after a layer's o and down projections), or -1.
+  int64_t add_epilogue = -1;
 
   // A loop over its output's elements: an element-wise program with no reduction.
   bool elementwise() const {
@@ -52,6 +57,10 @@ struct Group {
   std::vector<long> unit_epilogue;         // MatVec: per unit, its epilogue's index in `epilogues`, or -1
   std::vector<size_t> batch;               // Batch: its steps
   size_t first = 0, last = 0;
+  // MatVec: the step computing the activations when it is a row program (RMSNorm) that only the members read, or
+  // -1. The group's kernel computes its row reductions and its rows itself first (into shared memory), so that it
+  // need not run (a backend that runs the group's steps one by one runs it). It comes before `first`.
+  long prologue = -1;
 };
 
 struct Schedule {
@@ -64,6 +73,7 @@ struct ScheduleOptions {
   DType weights = DType::F32;  // float32 inputs that a matmul multiplies or a gather reads rows of are stored so
   bool groups = false;         // matrix-vector groups, batches, Scatters computing their source
   bool host_fallback = false;  // user ops become Host steps (otherwise the backend must have kernels for them)
+  bool prologues = true;       // groups: MatVec groups take the row program producing their activations
 };
 
 Schedule make_schedule(const Graph& g, const ScheduleOptions& opts);

@@ -132,6 +132,11 @@ Driver load_driver() {
   bind(h, d.cuGraphDestroy, "cuGraphDestroy", L);
   bind(h, d.cuEventElapsedTime, "cuEventElapsedTime", L);
   d.cuGraphAddDependencies = reinterpret_cast<decltype(d.cuGraphAddDependencies)>(dlsym(h, "cuGraphAddDependencies_v2"));
+  d.cuStreamBeginCapture = reinterpret_cast<decltype(d.cuStreamBeginCapture)>(dlsym(h, "cuStreamBeginCapture_v2"));
+  d.cuStreamEndCapture = reinterpret_cast<decltype(d.cuStreamEndCapture)>(dlsym(h, "cuStreamEndCapture"));
+  d.cuGraphAddChildGraphNode = reinterpret_cast<decltype(d.cuGraphAddChildGraphNode)>(dlsym(h, "cuGraphAddChildGraphNode"));
+  d.cuGraphExecChildGraphNodeSetParams =
+      reinterpret_cast<decltype(d.cuGraphExecChildGraphNodeSetParams)>(dlsym(h, "cuGraphExecChildGraphNodeSetParams"));
   return d;
 }
 

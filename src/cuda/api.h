@@ -89,6 +89,11 @@ struct Driver {
   // CUDA 12.3+ (null before): edges with data, for programmatic dependent launch between kernel nodes.
   CUresult (*cuGraphAddDependencies)(CUgraph, const CUgraphNode*, const CUgraphNode*, const GraphEdgeData*, size_t);
   CUresult (*cuEventElapsedTime)(float*, CUevent, CUevent);  // (timing the GEMM variants, runtime.cpp choose)
+  // Optional (null when missing): cuBLASLt's calls captured into a graph that a chunk holds as a child graph node.
+  CUresult (*cuStreamBeginCapture)(CUstream, int);  // (mode 2: CU_STREAM_CAPTURE_MODE_RELAXED)
+  CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
+  CUresult (*cuGraphAddChildGraphNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
+  CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
 };
 
 struct Nvrtc {

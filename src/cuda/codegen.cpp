@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <map>
@@ -272,12 +273,15 @@ std::string warp_mma_tile(const std::string& ct, int bk, const std::string& acc 
 // A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
 // operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
 // steps of 8 elements (16-byte loads) before the first multiply; weights are streamed past L1 (lds8). Leaves each
-// warp-summed accumulator in every lane; K is the row length.
+// warp-summed accumulator in every lane; K is the row length. Operands with `q8` set: see dot_rows_q8.
 struct DotOperand {
   DType storage;
   std::string ptr, off, acc;
+  bool q8 = false;  // Q8_0 blocks: `off` is the packed row's first byte
 };
+std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U);
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U) {
+  if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; })) return dot_rows_q8(as, a, oa, ws, U);
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
   t << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
@@ -293,6 +297,77 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
     << "        for (int e = 0; e < 8; ++e) {\n";
   for (auto& w : ws) t << "          " << w.acc << " += a[u][e] * b_" << w.acc << "[u][e];\n";
   t << "        }\n    }\n";
+  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
+  return t.str();
+}
+
+// dot_rows with Q8_0 operands (and float ones): the quants unpacked in registers against the same float activations
+// (no quantising kernel; float32 sums). Lane l's 8 elements of a step are quarter l & 3 of its block l / 4. Q8_0
+// rows are only 2-byte aligned (34-byte blocks), so a lane loads the 3 aligned words that cover the 2 bytes before
+// its quants and the quants: the block's first lane has the block's scale there, and shuffles it to the other 3.
+// A lane's alignment is its block's parity, the same at every step: worked out once (qs, 0 or 16: the bits its
+// window starts into its first word). (The last word may reach 2 bytes past the quants: the runtime checks the
+// buffer is whole words.) Every lane runs every step (the shuffles need the whole warp): whole steps unchecked,
+// then one checked step for a K that is not a multiple of 256 U.
+std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U) {
+  Text t;
+  for (auto& w : ws) {
+    t << "    float " << w.acc << " = 0.0f;\n";
+    if (w.q8)
+      t << "    const u8* qb_" << w.acc << " = (const u8*)" << w.ptr << " + " << w.off
+        << " + (lane >> 2) * 34 + (lane & 3) * 8;\n"
+        << "    unsigned qs_" << w.acc << " = 8u * ((unsigned)(size_t)qb_" << w.acc << " & 2u), qh_" << w.acc
+        << " = qs_" << w.acc << " ? 0x4432u : 0x4410u;  // (qh: the scale's bytes)\n"
+        << "    qb_" << w.acc << " -= qs_" << w.acc << " / 8;\n";
+  }
+  auto step = [&](bool checked) {
+    Text s;
+    s << "      i64 k0 = k_ + lane * 8;\n      float a[" << U << "][8]";
+    for (auto& w : ws)
+      if (!w.q8) s << ", b_" << w.acc << "[" << U << "][8]";
+    s << ";\n";
+    for (auto& w : ws)
+      if (w.q8) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    if (checked) s << "        if (k0 + u * 256 < K) {\n";
+    s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
+    for (auto& w : ws) {
+      if (w.q8)
+        s << "          { const unsigned* q_ = (const unsigned*)(qb_" << w.acc << " + (k_ >> 5) * 34 + u * 272);\n"
+          << "            b_" << w.acc << "[u][0] = __ldg(q_); b_" << w.acc << "[u][1] = __ldg(q_ + 1); b_" << w.acc
+          << "[u][2] = __ldg(q_ + 2); }\n";
+      else
+        s << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
+          << "[u]);\n";
+    }
+    if (checked) {
+      s << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
+      for (auto& w : ws)
+        if (w.q8) s << "          b_" << w.acc << "[u][0] = b_" << w.acc << "[u][1] = b_" << w.acc << "[u][2] = 0u;\n";
+        else s << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
+      s << "        }\n";
+    }
+    s << "      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    for (auto& w : ws)
+      if (!w.q8) s << "        for (int e = 0; e < 8; ++e) " << w.acc << " += a[u][e] * b_" << w.acc << "[u][e];\n";
+    for (auto& w : ws) {
+      if (!w.q8) continue;
+      std::string b = "b_" + w.acc + "[u]", sh = "16u + qs_" + w.acc;
+      // Each quant byte (XOR 0x80: q + 128) under the exponent bits of 2^23 is the float 2^23 + q + 128 (a byte
+      // permute instead of an int-to-float conversion), less 2^23 + 128.
+      s << "        { unsigned d_ = __shfl_sync(0xffffffffu, __byte_perm(" << b << "[0], 0u, qh_" << w.acc << "), lane & 28);\n"
+        << "          unsigned q_[2] = {__funnelshift_rc(" << b << "[0], " << b << "[1], " << sh << ") ^ 0x80808080u, "
+        << "__funnelshift_rc(" << b << "[1], " << b << "[2], " << sh << ") ^ 0x80808080u};\n"
+        << "          float s_ = 0.0f;\n"
+        << "#pragma unroll\n          for (int e = 0; e < 8; ++e)\n"
+        << "            s_ += a[u][e] * (__uint_as_float(__byte_perm(q_[e >> 2], 0x4b000000u, 0x7440u + (e & 3))) - 8388736.0f);\n"
+        << "          " << w.acc << " += f16_f32((u16)d_) * s_; }\n";
+    }
+    s << "      }\n";
+    return s.str();
+  };
+  t << "    i64 k_ = 0;\n    for (; k_ + " << 256 * U << " <= K; k_ += " << 256 * U << ") {\n" << step(false) << "    }\n"
+    << "    if (k_ < K) {\n" << step(true) << "    }\n";
   for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
   return t.str();
 }
@@ -459,7 +534,8 @@ class Generator {
   Variant gemm_kernel(const Node& n, const Step& st, Variant::Kind kind);
   std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
-  std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of);
+  std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of, long prologue = -1);
+  std::string group_prologue(size_t step, std::string& sig);
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
@@ -589,6 +665,27 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
 // block's threads (evaluating only what it needs, from the loads: values are recomputed, not kept) ending in a
 // block-wide sum or max that every thread receives; the last pass computes the output (stored per element, or
 // reduced once more when the program ends in a reduction). p[1]: rows, p[2]: row length.
+// A row program's Reduce steps for one row (element index i<R-1> over p[2]): a pass each by the block's threads,
+// ending in a block-wide sum or max (shared scratch `part`) that every thread receives as k<i>.
+template <class BodyOf>
+std::string row_reductions(const Program& prog, int R, const std::string& T, bool dbl, const BodyOf& body_of,
+                           const std::string& part) {
+  std::string j = "i" + std::to_string(R - 1);
+  Text k;
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.kind != Instr::Reduce) continue;
+    bool sum = in.op == Op::SumReduce;
+    std::string a = "r" + std::to_string(in.a);
+    k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << (sum ? "(" + T + ")0" : lit(-INFINITY, !dbl))
+      << ";\n#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+      << body_of(prog.needed_for(i), i) << "    acc = " << (sum ? "acc + " + a : "op_max(acc, " + a + ")") << ";\n    }\n"
+      << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
+      << (sum ? "true" : "false") << ", " << part << "));\n    }\n";
+  }
+  return k.str();
+}
+
 template <class BodyOf>
 std::string Generator::row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                                   const BodyOf& body_of) {
@@ -604,16 +701,7 @@ std::string Generator::row_kernel(const Program& prog, const Step& st, const Nod
     << "  __shared__ " << T << " part[32];\n"
     << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
   if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
-  for (size_t i = 0; i < prog.code.size(); ++i) {
-    const Instr& in = prog.code[i];
-    if (in.kind != Instr::Reduce) continue;
-    std::string a = "r" + std::to_string(in.a);
-    k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << init(in.op) << ";\n"
-      << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(prog.needed_for(i), i) << "    acc = " << combine(in.op, a) << ";\n    }\n"
-      << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
-      << (in.op == Op::SumReduce ? "true" : "false") << ", part));\n    }\n";
-  }
+  k << row_reductions(prog, R, T, dbl, body_of, "part");
   size_t last = prog.code.size() - 1;
   std::string res = "r" + std::to_string(last);
   if (prog.reduce == Op::Input) {
@@ -1405,8 +1493,9 @@ std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
 // out[row, n] = sum_k a[row, n, k] * W[n, k], W unpacked from GGUF blocks in registers. p[1]: outputs, p[2]: K,
 // p[3]: N. Several weights (main's stacked q/k/v or gate/up QMatMul): output column n reads weight j's row
 // n - start[j]; the m + 1 starts follow the views in the parameter slice.
-// Variants: Q8_0 only, QDot and QMatVec (a few rows: decode; QDot unless LUMINAL_CUDA_Q8_DP4A=0) and QGemm (more
-// rows, 16-bit compute dtype: prefill), then a warp per output for anything (Warps).
+// Variants: Q8_0 only, QRows (one weight, one row: in a MatVec group, see applies() in runtime.cpp), QDot and
+// QMatVec (a few rows: decode; QDot unless LUMINAL_CUDA_Q8_DP4A=0) and QGemm (more rows, 16-bit compute dtype:
+// prefill), then a warp per output for anything (Warps).
 void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int m = int(n.inputs.size()) - 1;
   for (int k = 0; k <= m; ++k) st.views.push_back(slot(n, k));
@@ -1418,6 +1507,21 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
   st.variants.clear();
+  if (bb == 34 && m == 1) {
+    // QRows: a warp per output through dot_rows, as a MatVec group's Q8_0 member computes it (the group kernel
+    // reads the same parameter slice)
+    Text k;
+    std::vector<std::string> idx = names("i", 0, R - 1);
+    idx.push_back("0");
+    k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
+      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
+      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+      << unravel(av, 0, R - 1, "row")
+      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{st.views[1]}.offset({idx[size_t(R - 2)], "0"})
+      << ";\n" << dot_rows(as, "in0", "oa", {{DType::U8, "in1", "ob", "acc", true}}, 4)
+      << "    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, row, acc);\n  }\n}\n";
+    st.variants.push_back({Variant::QRows, add_kernel(k.str())});
+  }
   if (bb == 34) {
     st.prep_fn = q8_quantize(st, n);  // (QDot's first kernel)
     st.variants.push_back({Variant::QDot, q8_dp4a(st, n, S)});
@@ -1591,10 +1695,13 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
-      // (a 16-bit KV cache: two stages of K and V tiles in dynamic shared memory, see flash_mma)
+      // (a 16-bit KV cache: two stages of K and V tiles in dynamic shared memory, see flash_mma; 8 warps per block,
+      // or with LUMINAL_CUDA_FLASH_MMA_WARPS=4 when compiled, 4: blocks of 64 rows, two per multiprocessor)
       bool kv16 = dtype_size(storage(n.inputs[1].node)) == 2 && dtype_size(storage(n.inputs[2].node)) == 2;
-      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8, true),
-                             kv16 ? 2 * 2 * 64 * (DH + 8) * 2 : 0});
+      const char* we = std::getenv("LUMINAL_CUDA_FLASH_MMA_WARPS");
+      int W = kv16 && we && std::string(we) == "4" ? 4 : 8;
+      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, W, true),
+                             kv16 ? 2 * 2 * 64 * (DH + 8) * 2 : 0, 32 * W});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
     }
   }
@@ -1617,9 +1724,12 @@ void Generator::attention_step(Step& st, const Node& n) {
       std::string RWs = std::to_string(RW), CP = std::to_string(CPL);
       std::string NC = std::to_string(32 * CPL), DQ = std::to_string((Dc + 3) / 4 * 4);
       Text f;
-      f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(args) << " {\n"
+      std::vector<std::string> dargs = args;
+      dargs.push_back("tk");  // the tickets: per tile of rows, how many of its key ranges are done (see below)
+      f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(dargs) << " {\n"
         << "  __shared__ __align__(16) float Qs[" << RWs << "][" << DQ << "];\n"
         << "  __shared__ float Ms[4][" << RWs << "], Ls[4][" << RWs << "], As[4][" << RWs << "][" << NC << "];\n"
+        << "  __shared__ bool last_;\n"
         << aliases << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4)
         << ", chunk = " << P(5) << ";\n"
         << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;\n"
@@ -1711,7 +1821,27 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "      }\n      i64 row = rb_ + r;\n"
         << "      if (nsplit == 1) o_[row * N + c] = a * (1.0f / L);\n"
         << "      else {\n        float* part = w_ + (row * nsplit + blockIdx.z) * (N + 2);\n"
-        << "        if (c == 0) { part[0] = M; part[1] = L; }\n        part[2 + c] = a;\n      }\n    }\n  }\n}\n";
+        << "        if (c == 0) { part[0] = M; part[1] = L; }\n        part[2 + c] = a;\n      }\n    }\n";
+      // Split keys: the tile's last range to finish (its ticket, counted after the block's partial rows are visible
+      // device-wide) merges every range's rows (as combine_fn does) and sets the ticket back to 0 for the next
+      // launch, so that no combine kernel follows (a launch and a wait per layer in a decode step). Without tickets
+      // (null: LUMINAL_CUDA_DECODE_TICKETS=0) combine_fn merges them.
+      f << "    if (nsplit > 1 && tk) {\n      __threadfence();\n      __syncthreads();\n"
+        << "      if (tid == 0) {\n        unsigned* t_ = (unsigned*)tk + b * gridDim.x + blockIdx.x;\n"
+        << "        last_ = atomicAdd(t_, 1u) == (unsigned)(nsplit - 1);\n        if (last_) *t_ = 0u;\n      }\n"
+        << "      __syncthreads();\n      if (last_) {\n        __threadfence();\n"
+        << "        for (int x = tid; x < " << RW * 32 * CPL << "; x += 128) {\n"
+        << "          int r = x / " << NC << ", c = x % " << NC << ";\n"
+        << "          if (c >= N || t0 + r >= Tq) continue;\n"
+        << "          i64 row = rb_ + r;\n          const float* wr = w_ + row * nsplit * (N + 2);\n"
+        << "          float M = ninf, L = 0.0f, a = 0.0f;\n"
+        << "#pragma unroll 8\n          for (i64 z = 0; z < nsplit; ++z) {\n"
+        << "            const float* part = wr + z * (N + 2);\n"
+        << "            float pm = __ldcg(part), pl = __ldcg(part + 1), pa = __ldcg(part + 2 + c);\n"
+        << "            float mn = op_max(M, pm), mu = mn == ninf ? 0.0f : mn;\n"
+        << "            float so = op_exp2((M - mu) * c_), sn = op_exp2((pm - mu) * c_);\n"
+        << "            L = L * so + pl * sn;\n            a = a * so + pa * sn;\n            M = mn;\n          }\n"
+        << "          o_[row * N + c] = a * (1.0f / L);\n        }\n      }\n    }\n  }\n}\n";
       st.variants.push_back({Variant::FlashDecode, add_kernel(f.str())});
     }
   }
@@ -1972,6 +2102,17 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
         << "          cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * " << kv.stride(Rq - 2)
         << " + d : 0), okk);\n          cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * "
         << v.stride(Rv - 1) << " + d : 0), okv);\n        }\n        return;\n      }\n";
+    else  // (the other 16-bit type: 16-byte loads of 8, rounded to the compute dtype, 16-byte stores)
+      f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
+        << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
+        << "          float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, b[8] = {0.0f, 0.0f, 0.0f, 0.0f, "
+           "0.0f, 0.0f, 0.0f, 0.0f};\n"
+        << "          if (j < jhi && d < D) ld8_" << dtype_name(kst) << "(e1, kb + j * " << kv.stride(Rq - 2) << " + d, a);\n"
+        << "          if (j < jhi && d < N) ld8_" << dtype_name(vst) << "(e2, vb + j * " << v.stride(Rv - 1) << " + d, b);\n"
+        << "          *(uint4*)&Ks[jj][d] = make_uint4(" << pk << "(a[0], a[1]), " << pk << "(a[2], a[3]), " << pk
+        << "(a[4], a[5]), " << pk << "(a[6], a[7]));\n"
+        << "          *(uint4*)&Vs[jj][d] = make_uint4(" << pk << "(b[0], b[1]), " << pk << "(b[2], b[3]), " << pk
+        << "(b[4], b[5]), " << pk << "(b[6], b[7]));\n        }\n        return;\n      }\n";
     f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
       << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
       << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
@@ -2099,8 +2240,42 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
 // computes its members' dot products for the row together, sharing the activation loads, then stores them or
 // evaluates the epilogue at that element. Variables are shadowed (p, in<k>, out) so that the view text of each
 // member's and epilogue's own parameter slice reads as in their own kernels.
+// A group's prologue (core/schedule.h's Group::prologue): the row program computing the activations, its rows into
+// the shared array xs_ (float, laid out as its output buffer: the members' views read it as they would that
+// buffer) by the whole block, before any warp's dot products; its reductions as row_kernel's passes. Appends its
+// arguments (parameter slice PP, inputs PI<k>) to `sig`.
+std::string Generator::group_prologue(size_t step, std::string& sig) {
+  const luminal::Step& cs = mod_.sched.steps[step];
+  const Step& st = mod_.steps[step];
+  const Node& n = g_.node(cs.node);
+  const Program& prog = *cs.program;
+  bool dbl = double_registers(prog, n);
+  std::string T = dbl ? "double" : "float";
+  int R = st.views[0].rank;
+  std::vector<std::string> idx = names("i", 0, R);
+  auto body_of = [&](const std::vector<char>& need, size_t skip) {
+    return program_body(prog, st, n, T, dbl, idx, need, skip);
+  };
+  std::string j = "i" + std::to_string(R - 1);
+  size_t last = prog.code.size() - 1;
+  Text t;
+  sig += ", const i64* __restrict__ PP";
+  t << "  extern __shared__ __align__(16) float xs_[];\n  __shared__ " << T << " part_[32];\n  {\n  const i64* p = PP;\n";
+  for (size_t q = 0; q < n.inputs.size(); ++q) {
+    sig += ", const void* __restrict__ PI" + std::to_string(q);
+    t << "  const void* in" << int(q) << " = PI" << int(q) << ";\n";
+  }
+  t << "  for (i64 row = 0; row < p[1]; ++row) {\n" << unravel(st.views[0], 0, R - 1, "row")
+    << row_reductions(prog, R, T, dbl, body_of, "part_")
+    << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
+    << body_of(prog.needed_for(last), size_t(-1)) << "    xs_[row * p[2] + " << j << "] = (float)rd_"
+    << dtype_name(n.dtype) << "<" << T << ">(r" << int(last) << ");\n    }\n  }\n  }\n  __syncthreads();\n";
+  return t.str();
+}
+
 template <class Members, class Epilogue>
-std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of) {
+std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of,
+                                    long prologue) {
   const std::vector<Step>& steps = mod_.steps;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   Text sig, esig, k;  // the members' arguments, then the epilogues'
@@ -2130,13 +2305,18 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
       body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
       if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
-      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(idx) << "; }\n";
+      bool q8 = op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr;  // (its weight: packed rows [N, bytes])
+      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{idx[size_t(R - 2)], "0"} : idx)
+           << "; }\n";
     }
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
-                    "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j)});
-    body << "    i64 K = P" << m0 << "[2];\n" << dot_rows(as, "a_", "oa", ws, U) << "    if (lane == 0) {\n";
+                    "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j),
+                    op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr});
+    // (with a prologue, the activations from shared memory)
+    body << "    i64 K = P" << m0 << "[2];\n" << (prologue >= 0 ? dot_rows(DType::F32, "xs_", "oa", ws, U) : dot_rows(as, "a_", "oa", ws, U))
+         << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
@@ -2164,7 +2344,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     }
     body << "    }\n";
   }
-  k << sig.str() << esig.str() << ") {\n  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  std::string psig, pro = prologue >= 0 ? group_prologue(size_t(prologue), psig) : "";
+  k << sig.str() << esig.str() << psig << ") {\n" << pro
+    << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
@@ -2204,7 +2386,10 @@ std::string Generator::batch_kernel(const Group& G) {
 
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
-  mod_.sched = make_schedule(g_, {compute_, /*groups=*/true, host_fallback_});
+  ScheduleOptions so{compute_, /*groups=*/true, host_fallback_};
+  const char* pe = std::getenv("LUMINAL_CUDA_PROLOGUE");  // 0: row programs before products run on their own
+  so.prologues = !(pe && std::string(pe) == "0");
+  mod_.sched = make_schedule(g_, so);
   mod_.compute = compute_;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
@@ -2246,7 +2431,8 @@ Module Generator::run() {
     mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) {
       size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
       return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
-    }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); }));
+    }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); },
+                                          G.prologue));
   }
   mod_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(mod_);
@@ -2266,7 +2452,7 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
 const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
-                                "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip"};
+                                "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows"};
   return names[k];
 }
 

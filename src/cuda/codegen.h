@@ -57,9 +57,12 @@ struct Variant {
                    // int8 blocks in the workspace first, then a block of 8 warps per 4 outputs
     FlashMmaSkip,  // FlashMma with V row-major (ldmatrix.trans) and tiles whose scores the row program masks
                    // entirely (-inf for all the block's rows: causal prefill) skipped; LUMINAL_CUDA_FLASH_MMA_SKIP=0: off
+    QRows,         // QMatMul Q8_0 over one row (decode) as MatVec does (dot_rows: a warp per output, float activations,
+                   // the quants unpacked in registers): what a MatVec group takes a Q8_0 member in
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
+  int threads = 0;  // the block size where it is not the kind's usual one (FlashMmaSkip over a 16-bit cache)
 };
 const char* variant_name(Variant::Kind k);
 

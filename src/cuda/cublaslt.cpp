@@ -224,9 +224,11 @@ std::string copy_source(DType from, DType to) {
          "(in, o + k));\n"
          "  }\n#endif\n}\n";
 }
+std::mutex copy_mu;
+std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> copy_loaded;
 std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
-  static std::mutex m;
-  static std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> fns;
+  std::mutex& m = copy_mu;
+  auto& fns = copy_loaded;
   std::lock_guard<std::mutex> l(m);
   auto key = std::make_pair(int(from), int(to));
   auto it = fns.find(key);
@@ -272,25 +274,50 @@ unsigned alignment(CUdeviceptr p) {
   return al;
 }
 
-// (Timing the candidates runs them on the call's own operands: pa, pb, out, ws on `stream`.)
-const Prepared& prepare(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, CUdeviceptr out, CUdeviceptr ws,
-                        CUstream stream) {
-  unsigned align_a = alignment(pa), align_b = alignment(pb), align_d = alignment(out);
-  static std::mutex m;
-  static std::map<std::vector<int64_t>, Prepared> cache;
-  auto ld = [](const BlasGemm::Side& s, int64_t K) { return s.copy ? K : s.ld; };
-  auto km = [](const BlasGemm::Side& s) { return s.copy || s.k_major; };
-  auto bst = [](const BlasGemm::Side& s, int64_t rows, int64_t K, int64_t batch) {
-    return !s.copy ? s.bstride : batch > 1 && s.shape.size() > 2 ? rows * K : 0;
-  };
+std::mutex prep_mu;
+std::map<std::vector<int64_t>, Prepared> prepared;
+
+// The operand cuBLASLt reads for side `s` (its buffer at `p`): in place, or its copy in the workspace.
+CUdeviceptr operand_ptr(const BlasGemm::Side& s, CUdeviceptr p, CUdeviceptr ws) {
+  return s.copy ? ws + s.ws_offset : p + CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));
+}
+
+// C and D share one layout (and alignment): D = out, C = `c` when accumulating; `target` is what timing writes
+// (out, or a scratch buffer of out's size when D may be C: timing runs must not change C).
+unsigned out_alignment(CUdeviceptr out, CUdeviceptr c, CUdeviceptr target) {
+  return std::min({alignment(out), c ? alignment(c) : 256u, alignment(target)});
+}
+
+// A side's layout as cuBLASLt reads it: its leading dimension, whether k is its unit-stride axis, its batch stride.
+int64_t side_ld(const BlasGemm::Side& s, int64_t K) { return s.copy ? K : s.ld; }
+bool side_k_major(const BlasGemm::Side& s) { return s.copy || s.k_major; }
+int64_t side_bstride(const BlasGemm::Side& s, int64_t rows, int64_t K, int64_t batch) {
+  return !s.copy ? s.bstride : batch > 1 && s.shape.size() > 2 ? rows * K : 0;
+}
+
+std::vector<int64_t> prepare_key(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, unsigned align_d) {
+  auto ld = side_ld;
+  auto km = side_k_major;
+  auto bst = side_bstride;
+  return {g.M, g.N, g.K, g.batch, int64_t(g.compute), int64_t(g.out), km(g.a), km(g.b), ld(g.a, g.K), ld(g.b, g.K),
+          bst(g.a, g.M, g.K, g.batch), bst(g.b, g.N, g.K, g.batch), alignment(pa), alignment(pb), align_d};
+}
+
+// (Timing the candidates runs them on the call's own operands: pa, pb, ws on `stream`, writing `target`.)
+const Prepared& prepare(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, unsigned align_d, CUdeviceptr target,
+                        CUdeviceptr ws, CUstream stream) {
+  unsigned align_a = alignment(pa), align_b = alignment(pb);
+  CUdeviceptr out = target;
+  auto ld = side_ld;
+  auto km = side_k_major;
+  auto bst = side_bstride;
   int64_t lda = ld(g.a, g.K), ldb = ld(g.b, g.K);
   int64_t sa = bst(g.a, g.M, g.K, g.batch), sb = bst(g.b, g.N, g.K, g.batch);
   bool ka = km(g.a), kb = km(g.b);
-  std::vector<int64_t> key{g.M, g.N, g.K, g.batch, int64_t(g.compute), int64_t(g.out), ka, kb, lda, ldb, sa, sb,
-                           align_a, align_b, align_d};
-  std::lock_guard<std::mutex> l(m);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  std::vector<int64_t> key = prepare_key(g, pa, pb, align_d);
+  std::lock_guard<std::mutex> l(prep_mu);
+  auto it = prepared.find(key);
+  if (it != prepared.end()) return it->second;
   LtHandle h = handle();
   Prepared p;
   lt_check(lt.cublasLtMatmulDescCreate(&p.desc, COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -368,7 +395,7 @@ const Prepared& prepare(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, CUdev
                    (long long)g.batch, (long long)g.M, (long long)g.N, (long long)g.K, pick, found, best / 3,
                    first / 3);
   }
-  return cache.emplace(key, p).first->second;
+  return prepared.emplace(key, p).first->second;
 }
 
 }  // namespace
@@ -472,22 +499,34 @@ bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs,
   return true;
 }
 
+bool blas_ready(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUdeviceptr c,
+                CUdeviceptr scratch) {
+  if (!library()) return false;
+  {
+    std::lock_guard<std::mutex> l(copy_mu);
+    for (const BlasGemm::Side* s : {&g.a, &g.b})
+      if (s->copy && !copy_loaded.count({int(s->dtype), int(g.compute)})) return false;
+  }
+  unsigned align_d = out_alignment(out, c, c ? scratch : out);
+  std::vector<int64_t> key = prepare_key(g, operand_ptr(g.a, a, ws), operand_ptr(g.b, b, ws), align_d);
+  std::lock_guard<std::mutex> l(prep_mu);
+  return prepared.count(key) != 0;
+}
+
 void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream,
-              bool a_copied) {
+              bool a_copied, CUdeviceptr c, CUdeviceptr scratch) {
   if (!library()) throw CudaError(blas_unavailable_reason());
-  auto operand = [&](const BlasGemm::Side& s, CUdeviceptr p, bool copied) {
-    if (!s.copy) return p + CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));
-    if (!copied) copy_side(s, g.compute, p, ws + s.ws_offset, stream);
-    return ws + s.ws_offset;
-  };
-  CUdeviceptr pa = operand(g.a, a, a_copied), pb = operand(g.b, b, false);
+  CUdeviceptr pa = operand_ptr(g.a, a, ws), pb = operand_ptr(g.b, b, ws);
+  if (g.a.copy && !a_copied) copy_side(g.a, g.compute, a, pa, stream);
+  if (g.b.copy) copy_side(g.b, g.compute, b, pb, stream);
   size_t copies = g.ws_bytes - kLtWorkspace;
-  const Prepared& p = prepare(g, pa, pb, out, ws + copies, stream);
-  float alpha = 1.0f, beta = 0.0f;
+  CUdeviceptr target = c ? scratch : out;
+  const Prepared& p = prepare(g, pa, pb, out_alignment(out, c, target), target, ws + copies, stream);
+  float alpha = 1.0f, beta = c ? 1.0f : 0.0f;  // (beta 1: D = A.B + C, in float32)
   lt_check(lt.cublasLtMatmul(handle(), p.desc, &alpha, reinterpret_cast<const void*>(pb), p.a,
-                             reinterpret_cast<const void*>(pa), p.b, &beta, reinterpret_cast<const void*>(out), p.d,
-                             reinterpret_cast<void*>(out), p.d, &p.algo, reinterpret_cast<void*>(ws + copies),
-                             kLtWorkspace, stream),
+                             reinterpret_cast<const void*>(pa), p.b, &beta,
+                             reinterpret_cast<const void*>(c ? c : out), p.d, reinterpret_cast<void*>(out), p.d,
+                             &p.algo, reinterpret_cast<void*>(ws + copies), kLtWorkspace, stream),
            "cublasLtMatmul");
 }
 

@@ -61,8 +61,15 @@ BlasCopy blas_copy_layout(const std::vector<int64_t>& shape, const std::vector<i
 std::string blas_copy_source(DType from, DType to);  // copy_rows and copy_rows8 (NVRTC source, prelude first)
 // Runs it on `stream` (a's and b's buffers and the output; `ws`: at least g.ws_bytes). Raises CudaError naming the
 // failing call and its status. `a_copied`: a's copy is in the workspace already (the caller knows it unchanged).
+// `c` (float32 output only): out = a.b + c, where c has out's layout and is out itself or apart from it (cuBLASLt's
+// in-place rule); the first call of a shape then times its algorithms into `scratch` (out's size, apart from the
+// operands and c), not into out.
 void blas_run(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUstream stream,
-              bool a_copied = false);
+              bool a_copied = false, CUdeviceptr c = 0, CUdeviceptr scratch = 0);
+// Whether blas_run with these arguments issues only stream work (copies, the product), so that it may be captured
+// into a CUDA graph: its algorithm chosen (timed) and its copy kernels loaded by an earlier call.
+bool blas_ready(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUdeviceptr c = 0,
+                CUdeviceptr scratch = 0);
 
 }  // namespace cuda
 }  // namespace luminal

@@ -400,7 +400,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       size_t rq = q.shape.size(), rv = vv.shape.size();
       size_t E = L_.extra[i];
       int64_t D = p[E], N = p[E + 1], T = p[2], rows = L_.items[i];
-      int64_t R = v.kind == Variant::Flash ? 16 : v.kind == Variant::FlashDecode ? 4 : 128;  // query rows per block
+      int64_t R = v.kind == Variant::Flash ? 16 : v.kind == Variant::FlashDecode ? 4 : v.threads ? v.threads / 2 : 128;
+      // (R: query rows per block; the tensor-core kernels' 16 per warp)
       if (v.kind == Variant::FlashDecode && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
       if (v.kind == Variant::FlashMmaSkip && env_zero("LUMINAL_CUDA_FLASH_MMA_SKIP")) return false;  // (the fallback)
       if (out_n == 0 || rq < 2 || rv < 2 || D > 128 || N > 128 || q.strides[rq - 2] != 0) return false;
@@ -449,10 +450,14 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
                  vv.offset % u == 0;
       for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % u == 0;
       for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
+      // LUMINAL_CUDA_KV16_VECTOR=0: a 16-bit cache staged element by element (no cp.async; comparison, fallback)
+      if (u == 8 && env_zero("LUMINAL_CUDA_KV16_VECTOR")) vec = false;
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
       ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
+      if (v.kind == Variant::FlashDecode)  // (a ticket per block of the grid's x and its loop over the batches)
+        tickets_bytes_ = std::max(tickets_bytes_, size_t((Tq + R - 1) / R * B) * sizeof(unsigned));
       return true;
     }
     case Variant::AttentionRows:
@@ -468,6 +473,25 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
         if (cv[j].offset % 2) return false;
       L_.grid[i] = {unsigned(std::min<int64_t>(rows * ((N + 3) / 4), int64_t(sms_) * 16)), 1, 1};
       ws_bytes_ = std::max(ws_bytes_, size_t(rows * p[2] + rows * (p[2] / 32) * 4));
+      return true;
+    }
+    case Variant::QRows: {
+      // Q8_0 through dot_rows (codegen's QRows) for one row of activations: in a MatVec group, whose kernel then
+      // computes it with the others (alone, QDot; LUMINAL_CUDA_Q8_ROWS=1: alone too, =0: never, the groups run
+      // their steps one by one). Activation rows 16-byte aligned (ld8), weight rows 2-byte aligned in a buffer of
+      // whole 4-byte words (a lane's last word may reach 2 bytes past its quants).
+      const char* e = std::getenv("LUMINAL_CUDA_Q8_ROWS");
+      const luminal::Step& cs = core(i);
+      bool grouped = cs.group >= 0 && s_.sched.groups[size_t(cs.group)].kind == Group::MatVec;
+      if ((e && std::strcmp(e, "0") == 0) || (!grouped && !(e && std::strcmp(e, "1") == 0))) return false;
+      const ConcreteView &a = cv[0], &w = cv[1];
+      size_t r = a.shape.size();
+      int64_t N = p[3], u = 16 / int64_t(dtype_size(s_.storage()[size_t(g_.node(cs.node).inputs[0].node)]));
+      if (N == 0 || out_n != N || a.offset % u || p[2] % u || w.offset % 2 || w.strides[0] % 2 ||
+          plan_.numel(g_.node(cs.node).inputs[1].node) % 4)
+        return false;
+      for (size_t d = 0; d + 1 < r; ++d)
+        if (a.strides[d] % u && a.shape[d] != 1) return false;
       return true;
     }
     case Variant::QMatVec: case Variant::QGemm: {
@@ -703,6 +727,11 @@ void Runtime::upload_plan() {
     ws_.reset();
     ws_ = device_alloc(size_class(ws_bytes_));
   }
+  if (tickets_bytes_ && (!tickets_ || tickets_->bytes < tickets_bytes_)) {
+    tickets_.reset();
+    tickets_ = device_alloc(size_class(tickets_bytes_));
+    check(driver().cuMemsetD8(tickets_->ptr, 0, tickets_->bytes), "cuMemsetD8", "tickets");
+  }
   if (!arena_ || arena_->bytes < plan_.arena_bytes()) {
     arena_.reset();
     arena_ = device_alloc(std::max<size_t>(plan_.arena_bytes(), 256));
@@ -766,9 +795,74 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   else if (++npending_ == chunk_size(nchunk_)) replay(npending_);
 }
 
-// A GEMM variant of step i: our kernel, recorded like any launch; or cuBLASLt, which cannot be a kernel node of our
-// graphs: the launches recorded so far are replayed first (their chunk ends there), then it runs on the same stream.
-void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs) {
+namespace {
+// A stream that only records: cuBLASLt's calls are captured on it into graphs (never run there).
+CUstream capture_stream() {
+  static CUstream s = [] {
+    CUstream st = nullptr;
+    check(driver().cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+    return st;
+  }();
+  return s;
+}
+
+bool row_major(const ConcreteView& v) {
+  int64_t want = 1;
+  for (size_t d = v.shape.size(); d-- > 0;) {
+    if (v.shape[d] != 1 && v.strides[d] != want) return false;
+    want *= v.shape[d];
+  }
+  return !v.masked;
+}
+}  // namespace
+
+// Whether cuBLASLt computes step i's product straight into the Add that is its only reader (Step::add_epilogue):
+// out = a.b + c with the Add's other operand as c and the Add's buffer as out (the Add then does not run). Returns
+// that Add's node, or -1: not this run (timing, LUMINAL_CUDA_BLAS_EPILOGUE=0, a 16-bit product), c not computed by
+// now, steps between the two that might use the Add's memory (only within one group is it kept apart from them by
+// the plan), or the Add's buffer over an operand that cuBLASLt reads in place or partly over c.
+int64_t Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
+  int64_t id = core(i).node, add = core(i).add_epilogue;
+  if (add < 0 || timing_ || L_.blas[i].out != DType::F32 || env_zero("LUMINAL_CUDA_BLAS_EPILOGUE")) return -1;
+  int64_t as = plan_.step_of(add);
+  if (as <= int64_t(i) || done_[size_t(as)] || core(size_t(as)).kind != luminal::Step::Kernel || plan_.identity(size_t(as)))
+    return -1;
+  bool grouped = core(i).group >= 0 && core(i).group == core(size_t(as)).group;
+  for (size_t k = i + 1; k < size_t(as) && !grouped; ++k)
+    if (core(k).kind != luminal::Step::Input && core(k).kind != luminal::Step::Constant) return -1;
+  const Node& an = g_.node(add);
+  size_t e = an.inputs[0].node == id ? 1 : 0;
+  int64_t cn = an.inputs[e].node;
+  const ConcreteView &cv = plan_.views(size_t(as))[e], &pv = plan_.views(size_t(as))[1 - e];
+  if (plan_.step_of(cn) < 0 || plan_.step_of(cn) >= int64_t(i) || !ptr_[size_t(cn)] || !row_major(cv) ||
+      !row_major(pv) || pv.offset || plan_.shape(add) != plan_.shape(id) || cv.shape != plan_.shape(add))
+    return -1;
+  Plan::Home h = plan_.home(add);
+  if (h != Plan::Home::Arena && h != Plan::Home::Fresh) return -1;
+  size_t bytes = size_t(numel_of(plan_.shape(add))) * sizeof(float);
+  CUdeviceptr c = ptr_[size_t(cn)] + CUdeviceptr(cv.offset) * sizeof(float);
+  CUdeviceptr d = h == Plan::Home::Arena ? arena_->ptr + plan_.offset(add) : 0;  // (a fresh buffer is apart)
+  auto apart = [](CUdeviceptr p, size_t pn, CUdeviceptr q, size_t qn) { return !p || !q || p + pn <= q || q + qn <= p; };
+  auto buffer = [&](int64_t node) {
+    return std::make_pair(ptr_[size_t(node)], size_t(plan_.numel(node)) * dtype_size(s_.storage()[size_t(node)]));
+  };
+  if (d != c && !apart(d, bytes, c, bytes)) return -1;
+  if (!apart(ptrs[0], bytes, c, bytes)) return -1;  // (the product's own buffer: where the first call times)
+  const Node& n = g_.node(id);
+  for (size_t k = 0; k < 2; ++k) {
+    auto [p, pn] = buffer(n.inputs[k].node);
+    if (!apart(ptrs[0], bytes, p, pn)) return -1;
+    if (!(k ? L_.blas[i].b.copy : L_.blas[i].a.copy) && !apart(d, bytes, p, pn)) return -1;
+  }
+  return add;
+}
+
+// A GEMM variant of step i: our kernel, recorded like any launch; or cuBLASLt. Its call is captured into a graph
+// (once per set of arguments) that the chunk holds as a child graph node; but its first call (which may time its
+// algorithms and compile its copy kernels: work that no capture may hold), and every call where capture is off
+// (LUMINAL_CUDA_BLAS_GRAPHS=0, an older driver), replays the launches recorded so far first (their chunk ends
+// there), then runs on the same stream.
+void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, int64_t add) {
   int64_t id = core(i).node;
   if (v.kind == Variant::MatVec) {  // (a candidate for few rows: its grid as in any run)
     launch(v.fn, id, L_.slot[i], L_.items[i], true, ptrs);
@@ -778,12 +872,28 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
     return;
   }
-  if (graphs_on_ && npending_) replay(npending_);
+  const Driver& dr = driver();
   const BlasGemm& g = L_.blas[i];
   if (!blas_ws_ || blas_ws_->bytes < g.ws_bytes) {
+    if (graphs_on_ && npending_) replay(npending_);  // (before the graphs that chunk holds are freed)
+    clear_blas_graphs();
     blas_ws_.reset();  // (queued work that still uses it runs first: one stream)
     blas_ws_ = device_alloc(g.ws_bytes);
   }
+  // Accumulating into the Add's buffer: c its other operand, and the product's own buffer for timing.
+  CUdeviceptr c = 0, out = ptrs[0];
+  if (add >= 0) {
+    const Node& an = g_.node(add);
+    int64_t cn = an.inputs[an.inputs[0].node == id ? 1 : 0].node;
+    const ConcreteView& cv = plan_.views(size_t(plan_.step_of(add)))[an.inputs[0].node == id ? 1 : 0];
+    c = ptr_[size_t(cn)] + CUdeviceptr(cv.offset) * sizeof(float);
+    out = ptr_[size_t(add)];
+  }
+  CUdeviceptr scratch = add >= 0 ? ptrs[0] : 0;
+  bool capture = graphs_on_ && !timing_ && !blas_capture_off_ && dr.cuStreamBeginCapture && dr.cuStreamEndCapture &&
+                 dr.cuGraphAddChildGraphNode && !env_zero("LUMINAL_CUDA_BLAS_GRAPHS") &&
+                 blas_ready(g, ptrs[1], ptrs[2], out, blas_ws_->ptr, c, scratch);
+  if (graphs_on_ && npending_ && !capture) replay(npending_);
   // The left operand's copy made by the product just before, when it is of the same view and nothing ran since
   // (q, k and v of one normalised input): read again instead of copied. Not while timing (choose), whose runs must
   // each pay their copy, nor with steps on the host (writes that no launch counts).
@@ -798,7 +908,73 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
   ++launched_;
   blas_copied_ = {std::move(key), g.a.copy ? launched_ : SIZE_MAX};  // (the workspace's left copy, if any, now)
   try {
-    blas_run(g, ptrs[1], ptrs[2], ptrs[0], blas_ws_->ptr, nullptr, reuse);
+    if (!capture) {
+      blas_run(g, ptrs[1], ptrs[2], out, blas_ws_->ptr, nullptr, reuse, c, scratch);
+      return;
+    }
+    // Everything the captured call depends on: the product's numbers, its pointers, whether a's copy is reused.
+    std::vector<int64_t> gk{g.M, g.N, g.K, g.batch, int64_t(g.compute), int64_t(g.out), int64_t(g.ws_bytes), reuse,
+                            int64_t(ptrs[1]), int64_t(ptrs[2]), int64_t(out), int64_t(blas_ws_->ptr), int64_t(c),
+                            int64_t(scratch)};
+    for (const BlasGemm::Side* sd : {&g.a, &g.b}) {
+      gk.insert(gk.end(), {int64_t(sd->dtype), sd->offset, sd->copy, sd->k_major, sd->ld, sd->bstride,
+                           int64_t(sd->ws_offset), int64_t(sd->shape.size())});
+      gk.insert(gk.end(), sd->shape.begin(), sd->shape.end());
+      gk.insert(gk.end(), sd->strides.begin(), sd->strides.end());
+    }
+    auto it = blas_graphs_.find(gk);
+    if (it == blas_graphs_.end()) {
+      if (blas_graphs_.size() >= 4096) {  // (prompts of many lengths: start again)
+        if (npending_) replay(npending_);
+        clear_blas_graphs();
+      }
+      CUstream cs = capture_stream();
+      check(dr.cuStreamBeginCapture(cs, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */), "cuStreamBeginCapture");
+      BlasGraph bg;
+      std::string failed;
+      try {
+        blas_run(g, ptrs[1], ptrs[2], out, blas_ws_->ptr, cs, reuse, c, scratch);
+      } catch (const CudaError& e) {
+        failed = e.what();
+      }
+      CUresult ended = dr.cuStreamEndCapture(cs, &bg.graph);  // (ends the capture whatever happened)
+      if (failed.empty() && ended) failed = "cuStreamEndCapture failed (" + std::to_string(ended) + ")";
+      if (failed.empty()) {
+        // What it captured must make a child graph node that instantiates (a chunk's build cannot fall back).
+        CUgraph probe = nullptr;
+        CUgraphNode node = nullptr;
+        CUgraphExec exec = nullptr;
+        CUresult r = dr.cuGraphCreate(&probe, 0);
+        if (!r) r = dr.cuGraphAddChildGraphNode(&node, probe, nullptr, 0, bg.graph);
+        if (!r) r = dr.cuGraphInstantiateWithFlags(&exec, probe, 0);
+        if (exec) dr.cuGraphExecDestroy(exec);
+        if (probe) dr.cuGraphDestroy(probe);
+        if (r) failed = "its graph does not instantiate as a child graph node (" + std::to_string(r) + ")";
+      }
+      if (!failed.empty()) {
+        // A call that cannot be captured runs as it did before capture (ending its chunk), from now on.
+        if (bg.graph) dr.cuGraphDestroy(bg.graph);
+        blas_capture_off_ = true;
+        std::fprintf(stderr, "luminal: cuBLASLt's call could not be captured into a CUDA graph (%s); it ends the "
+                     "graph's chunks instead\n", failed.c_str());
+        if (npending_) replay(npending_);
+        blas_run(g, ptrs[1], ptrs[2], out, blas_ws_->ptr, nullptr, reuse, c, scratch);
+        return;
+      }
+      bg.id = ++blas_graph_ids_;
+      it = blas_graphs_.emplace(std::move(gk), bg).first;
+    }
+    if (npending_ == pending_.size()) pending_.emplace_back();
+    Launch& l = pending_[npending_];
+    l.f = nullptr;
+    l.child = it->second.graph;
+    l.child_id = it->second.id;
+    l.node = id;
+    l.args.clear();
+    l.grid[0] = l.grid[1] = l.grid[2] = 1;
+    l.threads = 1;
+    l.smem = 0;
+    if (++npending_ == chunk_size(nchunk_)) replay(npending_);
   } catch (const CudaError& e) {
     blas_copied_.second = SIZE_MAX;
     throw CudaError(std::string(e.what()) + " (node " + std::to_string(id) + ", " + op_label(g_.node(id)) + ")");
@@ -878,6 +1054,11 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
     }
 }
 
+void Runtime::clear_blas_graphs() {
+  for (auto& [_, bg] : blas_graphs_) driver().cuGraphDestroy(bg.graph);  // (a chunk holds its own copy)
+  blas_graphs_.clear();
+}
+
 void Runtime::execute(const Launch& l) {
   void* small[16];
   std::vector<void*> big;
@@ -926,13 +1107,19 @@ void Runtime::replay(size_t n) {
     same = pending_[i].f == c.launches[i].f && pending_[i].args.size() == c.launches[i].args.size();
   std::vector<void*> argp;
   if (same) {
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i = 0; i < n && same; ++i) {
       Launch &now = pending_[i], &was = c.launches[i];
+      if (!now.f) {  // a cuBLASLt call: another capture (new pointers) updates the node, or rebuilds the chunk
+        same = now.child_id == was.child_id ||
+               (d.cuGraphExecChildGraphNodeSetParams && !d.cuGraphExecChildGraphNodeSetParams(c.exec, c.nodes[i], now.child));
+        continue;
+      }
       if (now.args == was.args && now.threads == was.threads && std::equal(now.grid, now.grid + 3, was.grid)) continue;
       KernelNodeParams p = node_params(now.f, now.grid, now.threads, now.smem, argp, now.args);
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
-  } else {
+  }
+  if (!same) {
     CUgraphExec exec = c.exec;
     CUgraph graph = c.graph;
     c.exec = nullptr;  // (cleared first: a failure below must not leave them for the destructor to free again)
@@ -947,11 +1134,18 @@ void Runtime::replay(size_t n) {
     edge.type = 1;
     for (size_t i = 0; i < n; ++i) {
       const Launch& l = pending_[i];
+      // (a cuBLASLt call's child graph node: plain edges on both sides; programmatic ones join kernels only)
+      bool chain = i && (!pdl_ || !l.f || !pending_[i - 1].f);
+      if (!l.f) {
+        check(d.cuGraphAddChildGraphNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0,
+                                         l.child),
+              "cuGraphAddChildGraphNode");
+        continue;
+      }
       KernelNodeParams p = node_params(l.f, l.grid, l.threads, l.smem, argp, pending_[i].args);
-      bool chain = i && !pdl_;
       check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0, &p),
             "cuGraphAddKernelNode");
-      if (i && pdl_) check(d.cuGraphAddDependencies(c.graph, &c.nodes[i - 1], &c.nodes[i], &edge, 1), "cuGraphAddDependencies");
+      if (i && !chain) check(d.cuGraphAddDependencies(c.graph, &c.nodes[i - 1], &c.nodes[i], &edge, 1), "cuGraphAddDependencies");
     }
     check(d.cuGraphInstantiateWithFlags(&c.exec, c.graph, 0), "cuGraphInstantiateWithFlags");
   }
@@ -965,6 +1159,7 @@ void Runtime::replay(size_t n) {
 Runtime::~Runtime() {
   // (Unchecked: a destructor cannot raise, and these fail only once the context itself is gone. A graph still
   // running is freed when it finishes; the staging is freed after its copies.)
+  for (auto& [_, bg] : blas_graphs_) driver().cuGraphDestroy(bg.graph);
   for (Chunk& c : chunks_) {
     if (c.exec) driver().cuGraphExecDestroy(c.exec);
     if (c.graph) driver().cuGraphDestroy(c.graph);
@@ -1003,7 +1198,7 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
   if (G.kind == Group::Batch) {
     // A batch: each step's plain loop (a Scatter's row writes only when they go into its destination in place).
     for (size_t b : G.batch)
-      if (s_.steps[b].rows_fn.empty() ? kind(b) != Variant::Elements : !in_place_of(b)) return false;
+      if (done[b] || (s_.steps[b].rows_fn.empty() ? kind(b) != Variant::Elements : !in_place_of(b))) return false;
     args.clear();
     int64_t items = 0;
     for (size_t b : G.batch) {
@@ -1024,8 +1219,7 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
     return true;
   }
-  for (size_t m : G.members)
-    if (kind(m) != Variant::MatVec) return false;
+  if (!group_runs(g)) return false;
   int64_t a0 = core(G.members[0]).node;
   args.assign(1, ptr_[g_.node(a0).inputs[0].node]);
   for (size_t m : G.members) {
@@ -1041,9 +1235,39 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
   }
   int64_t rows = 0;
   for (size_t u : G.units) rows += L_.items[G.members[u]];
-  launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
+  if (G.prologue < 0) {
+    launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
+  } else {
+    // The prologue's parameter slice and inputs; its rows in shared memory. Each block computes them once, so the
+    // grid is at most a few blocks per multiprocessor (their warps loop over the rows).
+    size_t pro = size_t(G.prologue);
+    args.push_back(slot(pro));
+    for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
+    int64_t blocks = (rows * 32 + 255) / 256, pow2 = 1;
+    while (pow2 < blocks) pow2 <<= 1;
+    unsigned grid[3] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(pow2, int64_t(sms_) * 8))), 1, 1};
+    launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256, unsigned(prologue_bytes(pro)));
+  }
   for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
   return true;
+}
+
+// The bytes of a group prologue's rows (float, as its output buffer).
+size_t Runtime::prologue_bytes(size_t step) const {
+  const int64_t* p = L_.params.data() + L_.slot[step];
+  return size_t(std::max<int64_t>(p[1], 0) * std::max<int64_t>(p[2], 0)) * sizeof(float);
+}
+
+// Whether MatVec group g runs as its kernel: every member on the matrix-vector path, and its prologue's rows (if it
+// has one) within the 48 KB of shared memory a kernel has without asking (a decode step's one row of activations).
+// Otherwise its steps run one by one, the prologue's step included.
+bool Runtime::group_runs(size_t g) const {
+  const Group& G = s_.sched.groups[g];
+  for (size_t m : G.members) {
+    Variant::Kind k = s_.steps[m].variants[L_.variant[m]].kind;
+    if (k != Variant::MatVec && k != Variant::QRows) return false;  // (QRows: a Q8_0 member)
+  }
+  return G.prologue < 0 || prologue_bytes(size_t(G.prologue)) <= 48 * 1024;
 }
 
 void Runtime::drop_plan() {
@@ -1108,6 +1332,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
   // the host.
   graphs_on_ = !profile && !has_host_steps_ && !env_zero("LUMINAL_CUDA_GRAPHS");
   one_graph_ = env_zero("LUMINAL_CUDA_GRAPH_CHUNKS");  // one graph for the whole run
+  tickets_on_ = !env_zero("LUMINAL_CUDA_DECODE_TICKETS");
   pdl_ = graphs_on_ && device().major >= 9 && driver().cuGraphAddDependencies && !env_zero("LUMINAL_CUDA_PDL");
   npending_ = launched_ = nchunk_ = 0;
   blas_copied_.second = SIZE_MAX;  // (a copy of an earlier run's operand is not this run's)
@@ -1185,6 +1410,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
       }
       case luminal::Step::Kernel: {
         if (done[i] || cs.absorbed) break;  // computed by its group's kernel, or in a Scatter's row writes
+        // A group's prologue: computed by that group's kernel (its only reader) when the group runs as one
+        if (cs.prologue_of >= 0 && group_runs(size_t(cs.prologue_of))) break;
         if (cs.group >= 0 && launch_group(size_t(cs.group), out_of, in_place_of, done)) break;
         if (plan.identity(i)) {  // an identity copy: its input's buffer is the result
           ptr[id] = ptr[n.inputs[0].node];
@@ -1204,7 +1431,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::Elements:
             if (!in_place) launch(v.fn, id, slot, L_.items[i], false, ptrs);  // (in place: no copy of the destination)
             break;
-          case Variant::Warps: case Variant::MatVec: launch(v.fn, id, slot, L_.items[i], true, ptrs); break;
+          case Variant::Warps: case Variant::MatVec: case Variant::QRows: launch(v.fn, id, slot, L_.items[i], true, ptrs); break;
           case Variant::BlockPerRow: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), L_.threads[i]); break;
           case Variant::Tiled: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data()); break;
           case Variant::TensorCore: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 128); break;
@@ -1216,7 +1443,16 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::ImplicitMma ? 128 : 256);
             break;
           }
-          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: launch_gemm(i, v, ptrs); break;
+          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: {
+            // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
+            int64_t add = v.kind == Variant::Blas ? blas_add(i, ptrs) : -1;
+            if (add >= 0) {
+              ptr[add] = out_of(add);
+              done[size_t(plan.step_of(add))] = 1;
+            }
+            launch_gemm(i, v, ptrs, add);
+            break;
+          }
           case Variant::QDot: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             launch(st.prep_fn, id, slot, L_.items[i] / std::max<int64_t>(1, L_.params[slot + 3]) * (L_.params[slot + 2] / 32),
@@ -1230,9 +1466,13 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::AttentionRows:
           case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
-            unsigned threads = v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
+            // FlashDecode merges its key ranges itself, through the tickets (LUMINAL_CUDA_DECODE_TICKETS=0: none,
+            // the combine kernel after it)
+            bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
+            if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
+            unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads, unsigned(v.smem));
-            if (v.kind != Variant::AttentionRows) {
+            if (v.kind != Variant::AttentionRows && !tickets) {
               std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};
               launch(st.combine_fn, id, slot, L_.rows_items[i], false, comb);
             }

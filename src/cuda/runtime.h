@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <array>
+#include <map>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -126,10 +127,12 @@ class Runtime {
   // sequence of kernels changes; otherwise the nodes whose grid or arguments changed (new inputs, outputs, sizes)
   // are updated in place, since the numbers kernels read live in the parameter block, not in their arguments.
   struct Launch {
-    CUfunction f;
+    CUfunction f;  // null: a cuBLASLt product, `child` (captured by launch_gemm), a child graph node of the chunk
     unsigned grid[3], threads, smem = 0;  // (smem: dynamic shared memory, bytes)
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
     int64_t node;
+    CUgraph child = nullptr;
+    uint64_t child_id = 0;  // (which capture: an address may come back for another graph)
   };
   // A run's launches are replayed in chunks of growing size (16, 32, 64, then 128 each), each its own graph,
   // launched as soon as it is recorded: the GPU starts on the first chunk while the host records and launches the
@@ -152,15 +155,29 @@ class Runtime {
   void replay(size_t n);  // the current chunk's n launches
   template <class OutOf, class InPlace>
   bool launch_group(size_t g, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done);
+  bool group_runs(size_t g) const;
+  size_t prologue_bytes(size_t step) const;
   std::unordered_map<int64_t, DeviceArray> owned_;  // this run's own allocations (outputs), and arrays updated in place
   std::vector<char> done_;                // per step this run: computed already (by its group's kernel)
   std::vector<CUdeviceptr> group_args_;
   void execute(const Launch& l);
   // The GEMM variants (own kernels, cuBLASLt): one launched; the fastest of several chosen by timing them on the
   // device, once per product shape (LUMINAL_CUDA_TUNE=0: the first that applies).
-  void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs);
+  // `add`: the product's Add (Step::add_epilogue) that cuBLASLt computes in its place (blas_add), or -1.
+  void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, int64_t add = -1);
   void choose(size_t i, const std::vector<CUdeviceptr>& ptrs);
+  int64_t blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs);
   std::shared_ptr<DeviceBuffer> blas_ws_;  // cuBLASLt's workspace and the operands copied for it
+  // cuBLASLt's calls captured as graphs (each a chunk's child graph node), by everything the call reads: kept while
+  // the workspace stays (cleared, after the chunk recorded so far is replayed, when it moves or they grow many).
+  struct BlasGraph {
+    CUgraph graph = nullptr;
+    uint64_t id = 0;
+  };
+  std::map<std::vector<int64_t>, BlasGraph> blas_graphs_;
+  uint64_t blas_graph_ids_ = 0;
+  bool blas_capture_off_ = false;  // a capture failed: cuBLASLt's calls end the chunks, as with capture off
+  void clear_blas_graphs();
   // The left operand copied into blas_ws_ by the last cuBLASLt product (its source, view, dtypes) and launched_ just
   // after that product (SIZE_MAX: none known): see launch_gemm.
   std::pair<std::vector<int64_t>, size_t> blas_copied_{{}, SIZE_MAX};
@@ -173,6 +190,11 @@ class Runtime {
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
   std::shared_ptr<DeviceBuffer> ws_;  // attention split over key ranges: the ranges' partial rows
   size_t ws_bytes_ = 0;               // what the plans so far need of it
+  // FlashDecode's tickets (a counter per tile of rows, zero between launches: the last key range to finish resets
+  // it), and the bytes the plans so far need of them
+  std::shared_ptr<DeviceBuffer> tickets_;
+  size_t tickets_bytes_ = 0;
+  bool tickets_on_ = true;
   int sms_ = 1;
   bool graphs_on_ = false, has_host_steps_ = false;
   std::vector<CUdeviceptr> scratch_ptrs_, ptr_;
