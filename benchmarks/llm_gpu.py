@@ -335,7 +335,8 @@ def run_model(key, args, bw):
         trace_decode(s, key, prompt)
     tp = float("nan") if args.luminal_only else prefill_ms(torch_prefill, 3)
     print(f"\n== {key}: {wb / 1e9:.2f} GB of bf16 weights read per token; {cache_dtype(key, args)} KV cache; "
-          f"luminal compile {compile_s:.1f} s" + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
+          f"luminal compile {compile_s:.1f} s"
+          + ("" if step is None else f"; torch.compile peer ready in {compile_peer_s:.1f} s"))
     print(f"logits (last prompt position) vs torch bf16: relative L2 error {rel:.3e}, top-1 agreement {top1:.0%}")
     print(f"greedy tokens: luminal = torch eager for the first {agree} of {args.decode}"
           + ("" if step is None else f"; torch.compile = torch eager for the first {agree_c}"))

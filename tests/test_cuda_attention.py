@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
   std::fclose(f);
   std::vector<float> out(nout, 12345.0f);
   int err = 0;
-  launch(G[0], G[1], G[2], 256, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), nullptr); });
+  launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), nullptr); });
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
   std::printf("%d\n", SKIPS);
 }
@@ -313,9 +313,10 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
     text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); }", text, flags=re.S)
     text = re.sub(r'asm volatile\("ldmatrix.*?smem_u32\((&Vs\[.*?\])\)\)\);', r"ldsm_x4_trans_host(Bv, \1);", text,
                   flags=re.S)
-    text = re.sub(r"extern __shared__ __align__\(16\) u16 smem_\[\];",
-                  lambda m: "alignas(16) static u16 smem_[%d];" % (2 * int(re.search(r"smem_ \+ st \* (\d+)", text)[1])),
-                  text)
+    stage = re.search(r"smem_ \+ st \* (\d+)", text)  # (a 16-bit cache: two stages in dynamic shared memory)
+    if stage:
+        text = text.replace("extern __shared__ __align__(16) u16 smem_[];",
+                            "alignas(16) static u16 smem_[%d];" % (2 * int(stage[1])))
     text = re.sub(r"cp_async16\(smem_u32\((.*?)\), ", r"cp_async_host(\1, ", text)
     assert "asm" not in text, text
     node = g.node(aid)
@@ -330,7 +331,8 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
         views.append((shape, strides))
         params += [int(e.view.offset), a.size] + shape + strides
         a = np.ascontiguousarray(a, np.float32)
-        data.append((lm.dtypes.bf16_bits(a) if stored == "bfloat16" else a.astype(lm.dtypes.dtype(stored).np)).tobytes())
+        a = lm.dtypes.bf16_bits(a) if stored == "bfloat16" else a.astype(lm.dtypes.dtype(stored).np)
+        data.append(a.tobytes())
     (qs, qst), (ks, kst), (vs, vst) = views[:3]
     rq, rv = len(qs), len(vs)
     params[2] = T = qs[rq - 2]
@@ -347,8 +349,10 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
     Tq = int(np.gcd(shared_rows(ks, kst, rq - 2), shared_rows(vs, vst, rv - 2)))
     B = rows // Tq
     params += [D, N, Tq, B, 1, T, 0]
-    grid = [(Tq + 127) // 128, B, 1]
-    exe = cuda_host.build(_HOST_ATTN + text + _HOST_ATTN_MAIN.replace("MAIN", name), tmp_path)
+    threads = int(re.search(r"__launch_bounds__\((\d+)", text)[1])  # (16 query rows per warp)
+    grid = [(Tq + threads // 2 - 1) // (threads // 2), B, 1]
+    main = _HOST_ATTN_MAIN.replace("MAIN", name).replace("THREADS", str(threads))
+    exe = cuda_host.build(_HOST_ATTN + text + main, tmp_path)
     outs, skips = [], []
     for vec in vecs:
         params[-1] = int(vec)
@@ -481,15 +485,17 @@ def test_attention_16bit_cache(backend, rng, case, kv_dtype, dtype):
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol, err_msg=f"{case} {rng}")
 
 
-@pytest.mark.parametrize("case,kv_dtype", [("causal", "bfloat16"), ("middle", "bfloat16"),
-                                           ("causal-gqa-offset", "float16")])
-def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, tmp_path):
+@pytest.mark.parametrize("case,kv_dtype,warps", [("causal", "bfloat16", 8), ("middle", "bfloat16", 4),
+                                                 ("causal-gqa-offset", "float16", 8)])
+def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, warps, tmp_path, monkeypatch):
     """flash-mma-skip over a 16-bit cache on the host: the two-stage pipeline (the next live tile's cp.async copies
     issued before this tile's products; here plain copies), the zero-filled rows past the keys, the skipped tiles,
     and the path that loads and rounds (a float16 cache under a bfloat16 compute dtype, or rows the runtime's flag
-    says are not 16-byte aligned)."""
+    says are not 16-byte aligned); blocks of 8 warps, or 4 (LUMINAL_CUDA_FLASH_MMA_WARPS=4)."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    if warps == 4:
+        monkeypatch.setenv("LUMINAL_CUDA_FLASH_MMA_WARPS", "4")
     gen = np.random.default_rng(2)
     fn, arrays, ref = _cache16(kv_dtype, lambda sh: torch.from_numpy(gen.standard_normal(sh).astype(np.float32))
                                .to(torch.bfloat16).float().numpy(), case)
@@ -498,7 +504,8 @@ def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, tmp_path):
     outs, skips = _attention_on_host(fn, arrays, "flash-mma-skip", vecs, tmp_path, kv_dtype)
     for vec, got in zip(vecs, outs):
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
-    assert skips == [{"causal": 1, "middle": 2}.get(case, 0)] * len(vecs), skips
+    # (middle: the second tile of every row block; 4 warps: 3 blocks of 64 rows, 2 of 128 otherwise)
+    assert skips == [{"causal": 1, "middle": 2 if warps == 8 else 3}.get(case, 0)] * len(vecs), skips
 
 
 @pytest.mark.parametrize("mode", ["rows", "chunks"])

@@ -261,27 +261,30 @@ def q8_layers(g, rng, specs, raws=None):
     return ws, vals
 
 
-@pytest.mark.parametrize("tokens,dtype", [(1, "float32"), (1, "bfloat16"), (5, "float32")])
-@pytest.mark.parametrize("k", [160, 4160])  # 5 and 130 blocks (multiples of 32, not of 256)
-def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, k, rng):
+@pytest.mark.parametrize("tokens,dtype,up", [(1, "float32", "q8"), (1, "float32", "float"), (1, "bfloat16", "q8"),
+                                             (5, "float32", "q8")])
+@pytest.mark.parametrize("k", [192, 4160])  # 6 and 130 blocks (multiples of 32, not of 256: a partial last step)
+def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, rng):
     """Q8_0 products of one activation row join the matrix-vector group (one kernel for all of them): q and k (k's
-    weight float: a mixed group), o with a residual add, gate (Q8_0) and up (float) with silu(gate) * up, odd row
-    counts (41, 7, 37). 5 rows: the same steps one by one (the tiled and warp-per-output kernels). Against float64
-    numpy: the group computes with float32 activations and sums, so the check stays tight."""
+    weight float: a mixed group), o with a residual add, gate (Q8_0) and up (Q8_0, or float: one dot loop over both
+    kinds) with silu(gate) * up; odd row counts (41, 7, 37: a Q8_0 unit's warps take two rows, the last one alone).
+    5 rows: the same steps one by one (the tiled and warp-per-output kernels). Against float64 numpy: the group
+    computes with float32 activations and sums, so the check stays tight."""
     x, res = rng.data((tokens, k)).astype(np.float32), rng.data((tokens, 24)).astype(np.float32)
     g = lm.Graph()
     xt = g.tensor((tokens, k), name="x").set(x)
     rt = g.tensor((tokens, 24), name="res").set(res)
     h = xt * 0.02  # (an activation computed on the device: stored float32; products of a few units)
     w, v = q8_layers(g, rng, [("q", 41, k, "q8"), ("k", 7, k, "float"), ("o", 24, k, "q8"), ("g", 37, k, "q8"),
-                              ("u", 37, k, "float")], {})
+                              ("u", 37, k, up)], {})
     q, kk = (h @ w["q"].T).output(), (h @ w["k"].T).output()
     r = (rt + h @ w["o"].T).output()
     m = ((h @ w["g"].T).silu() * (h @ w["u"].T)).output()
     g.compile(lm.GenericCompiler(), *backend.compilers(dtype))
     g.execute()
     x64 = (x * np.float32(0.02)).astype(np.float64)
-    v = {n: as_dtype(a, dtype).astype(np.float64) if n in ("k", "u") else a for n, a in v.items()}  # (stored in dtype)
+    floats = ("k", "u") if up == "float" else ("k",)
+    v = {n: as_dtype(a, dtype).astype(np.float64) if n in floats else a for n, a in v.items()}  # (stored in dtype)
     p = {n: x64 @ a.T for n, a in v.items()}
     wants = [p["q"], p["k"], res + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]]
     for o, want in zip((q, kk, r, m), wants):
@@ -310,13 +313,13 @@ def test_q8_groups_off(backend, rng, monkeypatch, capfd):
         run_checked(g, backend, monkeypatch, capfd, ["qdot"])
 
 
-@pytest.mark.parametrize("layout", ["packed", "offset"])
-def test_q8_rows_alone(backend, layout, rng, monkeypatch, capfd):
-    """LUMINAL_CUDA_Q8_ROWS=1: a product alone takes qrows too. 41 rows of 5 blocks (170 bytes: every other row 2-byte
-    aligned, and the buffer ends 2 bytes into a word, which the last lane must not read past), or the rows read 2
-    bytes into a wider buffer."""
+@pytest.mark.parametrize("n,layout,kernel", [(42, "packed", "qrows"), (41, "offset", "qrows"), (41, "packed", "qdot")])
+def test_q8_rows_alone(backend, n, layout, kernel, rng, monkeypatch, capfd):
+    """LUMINAL_CUDA_Q8_ROWS=1: a product alone takes qrows too. Rows of 5 blocks (170 bytes: every other row 2-byte
+    aligned), or read 2 bytes into a wider buffer; 41 packed rows end 2 bytes into a word, which qrows' last lane
+    would read past: qdot then."""
     monkeypatch.setenv("LUMINAL_CUDA_Q8_ROWS", "1")
-    n, k = 41, 160
+    k = 160
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     g = lm.Graph()
     if layout == "packed":
@@ -329,8 +332,10 @@ def test_q8_rows_alone(backend, layout, rng, monkeypatch, capfd):
     xt = g.tensor((1, k), name="x").set(x)
     y = ((xt * 1.5) @ w.T).output()
     g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
-    run_checked(g, backend, monkeypatch, capfd, ["qrows"])
-    close(y.numpy(), (x * np.float32(1.5)).astype(np.float64) @ vals.astype(np.float64).T, backend, rng)
+    run_checked(g, backend, monkeypatch, capfd, [kernel])
+    x = x * np.float32(1.5)
+    close(y.numpy(), x.astype(np.float64) @ vals.astype(np.float64).T if kernel == "qrows" else expected_dp4a(x, raw, k),
+          backend, rng)
 
 
 # (what the qrows kernels need beyond cuda_host's prelude; the weight words' loads checked against their buffer)
@@ -348,9 +353,10 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
-static const char *w_lo, *w_hi;  // the packed weights' buffer
+static const char *w_lo, *w_hi, *w2_lo, *w2_hi;  // the packed weights' buffers
 template <class T> T checked(const T* p) {
-  if ((const char*)p < w_lo || (const char*)(p + 1) > w_hi) { std::fprintf(stderr, "weight load out of bounds\n"); std::abort(); }
+  const char *a = (const char*)p, *b = (const char*)(p + 1);
+  if (!(a >= w_lo && b <= w_hi) && !(a >= w2_lo && b <= w2_hi)) { std::fprintf(stderr, "weight load out of bounds\n"); std::abort(); }
   return *p;
 }
 inline unsigned __ldg(const unsigned* p) { return checked(p); }
@@ -368,15 +374,17 @@ def slice_of(g, nid, rows, n, k, sizes, q8):
     return p + ([0, n] if q8 else [])
 
 
-@pytest.mark.parametrize("n,k,layout", [(41, 160, "packed"), (9, 1088, "offset"), (3, 32, "packed")])
+@pytest.mark.parametrize("n,k,layout", [(42, 160, "packed"), (10, 1088, "offset"), (4, 32, "packed"), (7, 2112, "packed")])
 def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
     """The qrows kernel alone and a group of Q8_0, float and Q8_0 members run on the host (cuda_host.py), against
-    float64 numpy: 5 blocks (lanes 20-31 idle; 170-byte rows, the buffer ending 2 bytes into a word), 34 (a second
-    step, partly past K; rows read 2 bytes into a wider buffer) and 1; grids smaller than the work."""
+    float64 numpy, every weight word's load checked against its buffer: 5 blocks (lanes 20-31 idle; 170-byte rows,
+    every other one 2-byte aligned), 34 (a partial step: rows read 2 bytes into a wider buffer), 1, and 66 (two
+    whole steps of 32 blocks, then a partial one); odd row counts; grids smaller than the work."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
-    raw2, vals2 = random_quant_blocks(rng.gen, "Q8_0", n + 2, k)
+    n2 = n + 1 if k // 32 % 2 == 0 else n + 2  # (rows of whole 4-byte words, as the runtime requires)
+    raw2, vals2 = random_quant_blocks(rng.gen, "Q8_0", n2, k)
     wf = rng.data((7, k)).astype(np.float32)
     buf = raw if layout == "packed" else np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
     x = rng.data((1, k)).astype(np.float32)
@@ -384,7 +392,7 @@ def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
     xt = cx.tensor(x.shape, name="x").set(x)
     t = cx.tensor(buf.shape, lm.uint8, name="w").set(buf)
     w = cx._wrap(cx._g.dequant("Q8_0", (t if layout == "packed" else t[:, 2:])._edge(), [n, k]))
-    w2 = dequantize(cx, QuantizedWeight(raw2, "Q8_0", (n + 2, k)), name="w2")
+    w2 = dequantize(cx, QuantizedWeight(raw2, "Q8_0", (n2, k)), name="w2")
     outs = [(xt @ w.T).output(), (xt @ cx.tensor(wf.shape, name="wf").set(wf).T).output(), (xt @ w2.T).output()]
     comp = lm.CudaCompiler("float32", device=None)
     cx.compile(lm.GenericCompiler(), comp)
@@ -397,9 +405,9 @@ def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
     assert "qrows" in kinds[ids[0]] and "gemv" in kinds[ids[1]] and "qrows" in kinds[ids[2]]
     assert sorted(members) == sorted(ids)
     sizes = {"x": x.size, "w": buf.size, "w2": raw2.size, "wf": wf.size}
-    slices = [slice_of(g, i, 1, r, k, sizes, q) for i, r, q in zip(ids, (n, 7, n + 2), (True, False, True))]
+    rows = [n, 7, n2]
+    slices = [slice_of(g, i, 1, r, k, sizes, q) for i, r, q in zip(ids, rows, (True, False, True))]
     order = [ids.index(m) for m in members]  # (the group kernel's argument order)
-    rows = [n, 7, n + 2]
     arrays = ", ".join(f"out{j}({rows[j]}, 12345.0f)" for j in range(3))
     group_args = "".join(f", P[{j}].data(), out{j}.data(), {('w', 'wf', 'w2')[j]}.data()" for j in order)
     main = f"""
@@ -410,7 +418,8 @@ int main() {{
   int err = 0;
   w_lo = w.data(); w_hi = w.data() + w.size();
   launch(2, 1, 1, 64, [&] {{ {kinds[ids[0]]["qrows"]}(P[0].data(), &err, alone.data(), x.data(), w.data()); }});
-  w_lo = nullptr; w_hi = (const char*)~(uintptr_t)0;  // (two buffers: bounds checked in the kernel alone)
+  w_lo = w.data(); w_hi = w.data() + w.size();
+  w2_lo = w2.data(); w2_hi = w2.data() + w2.size();
   launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
   FILE* f = std::fopen("out.bin", "wb");
   for (auto* v : {{&alone, &out0, &out1, &out2}}) std::fwrite(v->data(), 4, v->size(), f);

@@ -457,6 +457,9 @@ class Generator {
   const Graph& g_;
   DType compute_;
   bool host_fallback_;
+  // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
+  bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
+  std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
   Module mod_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
@@ -2283,6 +2286,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       << "const void* __restrict__ a_";
   int nm = 0;
   std::vector<std::string> rows;
+  std::vector<char> pairs;
   Text body;
   for (size_t u = 0; u < nunits; ++u) {
     std::vector<size_t> ms = members_of(u);
@@ -2290,16 +2294,23 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     int m0 = nm;
     for (size_t j = 0; j < ms.size(); ++j, ++nm)
       sig << ", const i64* __restrict__ P" << nm << ", void* __restrict__ O" << nm << ", const void* __restrict__ W" << nm;
-    rows.push_back("P" + std::to_string(m0) + "[1]");
+    // Q8_0 members (one activation row when the group runs, see applies()): a warp computes two rows of each, rows
+    // r and rq, sharing the activation loads (which outnumber the packed weights' bytes 4 to 1)
+    bool pair = q8_pairs_ && ms.size() <= 2 && std::all_of(ms.begin(), ms.end(), [&](size_t m) {
+      return op_as<QMatMulOp>(g_.node(cs[m].node)) != nullptr;
+    });
+    pairs.push_back(pair);
+    rows.push_back(pair ? "(P" + std::to_string(m0) + "[1] + 1) / 2" : "P" + std::to_string(m0) + "[1]");
     const Step& s0 = steps[ms[0]];
     const ViewSlot& av = s0.views[0];
-    int R = av.rank, c = int(ms.size()), U = std::max(1, 4 / c);
+    int R = av.rank, c = int(ms.size()), U = std::max(1, 4 / (pair ? 2 * c : c));
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
     body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    if (pair) body << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
     body << "    i64 oa = 0";
-    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0";
+    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0" << (pair ? ", ob" + std::to_string(m0 + j) + "_1 = 0" : "");
     body << ";\n";
     for (int j = 0; j < c; ++j) {
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
@@ -2308,12 +2319,18 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       bool q8 = op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr;  // (its weight: packed rows [N, bytes])
       body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{idx[size_t(R - 2)], "0"} : idx)
            << "; }\n";
+      if (pair)
+        body << "    { const i64* p = P" << m0 + j << "; i64 r = rq;\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r")
+             << "    ob" << m0 + j << "_1 = " << ViewText{bv}.offset({idx[size_t(R - 2)], "0"}) << "; }\n";
     }
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j),
                     op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr});
+    for (int j = 0; pair && j < c; ++j)
+      ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
+                    "acc" + std::to_string(m0 + j) + "_1", true});
     // (with a prologue, the activations from shared memory)
     body << "    i64 K = P" << m0 << "[2];\n" << (prologue >= 0 ? dot_rows(DType::F32, "xs_", "oa", ws, U) : dot_rows(as, "a_", "oa", ws, U))
          << "    if (lane == 0) {\n";
@@ -2321,26 +2338,32 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
              << ");\n";
+      for (int j = 0; pair && j < c; ++j)
+        body << "    if (rq != r) st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j
+             << ", rq, acc" << m0 + j << "_1);\n";
     } else {
       const Step& fs = steps[size_t(f)];
       const Node& fn = g_.node(cs[size_t(f)].node);
       std::string e = "E" + std::to_string(u);
       esig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
-      body << "    { const i64* p = " << e << "; void* out = " << e << "o;\n";
-      std::map<int, std::string> given;
-      for (size_t q = 0; q < fn.inputs.size(); ++q) {
-        esig << ", const void* __restrict__ " << e << "i" << int(q);
-        body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
-        for (int j = 0; j < c; ++j)
-          if (fn.inputs[q].node == cs[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j);
+      for (size_t q = 0; q < fn.inputs.size(); ++q) esig << ", const void* __restrict__ " << e << "i" << int(q);
+      for (int half = 0; half < (pair ? 2 : 1); ++half) {  // (a pair's second row: rq, its accumulators acc<j>_1)
+        body << (half ? "    if (rq != r) { i64 r = rq; const i64* p = " : "    { const i64* p = ") << e << "; void* out = "
+             << e << "o;\n";
+        std::map<int, std::string> given;
+        for (size_t q = 0; q < fn.inputs.size(); ++q) {
+          body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
+          for (int j = 0; j < c; ++j)
+            if (fn.inputs[q].node == cs[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j) + (half ? "_1" : "");
+        }
+        const Program& prog = *cs[size_t(f)].program;
+        bool dbl = double_registers(prog, fn);
+        int RF = fs.views.empty() ? 0 : fs.views[0].rank;
+        body << unravel(fs.views[0], 0, RF, "r")
+             << program_body(prog, fs, fn, dbl ? "double" : "float", dbl, names("i", 0, RF),
+                             std::vector<char>(prog.code.size(), 1), size_t(-1), given)
+             << "    st_" << dtype_name(fn.dtype) << "(out, r, r" << int(prog.code.size() - 1) << "); }\n";
       }
-      const Program& prog = *cs[size_t(f)].program;
-      bool dbl = double_registers(prog, fn);
-      int RF = fs.views.empty() ? 0 : fs.views[0].rank;
-      body << unravel(fs.views[0], 0, RF, "r")
-           << program_body(prog, fs, fn, dbl ? "double" : "float", dbl, names("i", 0, RF),
-                           std::vector<char>(prog.code.size(), 1), size_t(-1), given)
-           << "    st_" << dtype_name(fn.dtype) << "(out, r, r" << int(prog.code.size() - 1) << "); }\n";
     }
     body << "    }\n";
   }
@@ -2352,6 +2375,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
   k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
     << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
+  last_pairs_ = pairs;
   return add_kernel(k.str());
 }
 
@@ -2433,6 +2457,8 @@ Module Generator::run() {
       return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
     }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); },
                                           G.prologue));
+    mod_.group_pairs.resize(mod_.group_fns.size());
+    mod_.group_pairs.back() = last_pairs_;
   }
   mod_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(mod_);

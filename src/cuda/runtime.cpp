@@ -1233,8 +1233,11 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     args.insert(args.end(), {slot(e), ptr_[id]});
     for (auto& in : g_.node(id).inputs) args.push_back(ptr_[in.node]);
   }
-  int64_t rows = 0;
-  for (size_t u : G.units) rows += L_.items[G.members[u]];
+  int64_t rows = 0;  // (warps' rows: a unit of Q8_0 members may have two outputs per warp, see group_kernel)
+  for (size_t k = 0; k < G.units.size(); ++k) {
+    int64_t n = L_.items[G.members[G.units[k]]];
+    rows += k < s_.group_pairs[g].size() && s_.group_pairs[g][k] ? (n + 1) / 2 : n;
+  }
   if (G.prologue < 0) {
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
   } else {
