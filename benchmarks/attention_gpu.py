@@ -5,10 +5,12 @@ them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch
 events) per shape. Prefill rows also time the tensor-core kernel without its masked-tile skipping
 (LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma in place of flash-mma-skip); decode rows the SIMT flash kernel in place of
 the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
-(LUMINAL_CUDA_ATTENTION_CHUNK).
+(LUMINAL_CUDA_ATTENTION_CHUNK). --kv-dtype bfloat16/float16: k and v as a 16-bit KV cache gives them (inputs of
+that dtype read through a float32 cast, which the attention kernel reads through; torch gets the same rounded
+values).
 
     PYTHONPATH=python python3 benchmarks/attention_gpu.py [--prefill 512,2048] [--decode 128,4096,8192] [--reps 20]
-        [--chunks 128,256,512,1024]
+        [--chunks 128,256,512,1024] [--kv-dtype float32|bfloat16|float16]
 
 The GEMM sweep is benchmarks/gemm_gpu.py.
 """
@@ -26,15 +28,19 @@ import luminal as lm
 import luminal.nn.functional as F
 
 H, HKV, D = 32, 8, 128
+KV_DTYPE = "float32"  # (--kv-dtype)
 
 
 def luminal_attention(L, S, fused=True, dtype="bfloat16", causal=False):
     cx = lm.Graph()
-    q, k, v = cx.tensor((1, H, L, D)), cx.tensor((1, HKV, S, D)), cx.tensor((1, HKV, S, D))
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True).output()
+    q, k, v = cx.tensor((1, H, L, D)), cx.tensor((1, HKV, S, D), KV_DTYPE), cx.tensor((1, HKV, S, D), KV_DTYPE)
+    o = F.scaled_dot_product_attention(q, k.float(), v.float(), is_causal=causal, enable_gqa=True).output()
     cx.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype, flash_attention=fused))
     g = torch.Generator().manual_seed(L * 7 + S)
-    arrs = [torch.randn(s, generator=g).numpy() for s in [(1, H, L, D), (1, HKV, S, D), (1, HKV, S, D)]]
+    arrs = [torch.randn(s, generator=g) for s in [(1, H, L, D), (1, HKV, S, D), (1, HKV, S, D)]]
+    if KV_DTYPE != "float32":  # (the values a 16-bit cache holds)
+        arrs[1:] = [a.to(getattr(torch, KV_DTYPE)).float() for a in arrs[1:]]
+    arrs = [a.numpy() for a in arrs]
     for t, a in zip((q, k, v), arrs):
         t.set(a)
     return cx, o, arrs
@@ -113,9 +119,13 @@ def main():
     p.add_argument("--decode", default="128,4096,8192")
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--chunks", default="", help="decode rows: also time these key-range lengths")
+    p.add_argument("--kv-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="k and v as a KV cache of this dtype holds them")
     a = p.parse_args()
+    global KV_DTYPE
+    KV_DTYPE = a.kv_dtype
     chunks = [int(x) for x in a.chunks.split(",") if x]
-    print(torch.cuda.get_device_name(), flush=True)
+    print(f"{torch.cuda.get_device_name()}; {KV_DTYPE} k and v", flush=True)
     for n in [int(x) for x in a.prefill.split(",") if x]:
         row(n, n, a.reps, causal=True)
     dec = {}

@@ -524,3 +524,19 @@ def test_cpu_attention_16bit_cache(rng, monkeypatch, mode, case, kv_dtype):
     assert cx.stats().get("Attention") == 1
     cx.execute()
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4, err_msg=f"{case} {rng}")
+
+
+@pytest.mark.parametrize("case,env", [("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_SKIP"),
+                                      ("middle", "LUMINAL_CUDA_KV16_VECTOR"),
+                                      ("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_WARPS"),
+                                      ("decode-64", "LUMINAL_CUDA_FLASH_DECODE")])
+def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, env):
+    """The other kernels over a bfloat16 cache, each by its switch (on a GPU; the cuda-nvrtc backend compiles them):
+    flash-mma (skip off: its loads rounded element by element), flash-mma-skip staged element by element (no
+    cp.async), flash-mma-skip in blocks of 4 warps, and decode without the decode kernel (the float32 tiles)."""
+    monkeypatch.setenv(env, "4" if env == "LUMINAL_CUDA_FLASH_MMA_WARPS" else "0")
+    fn, arrays, ref = _cache16("bfloat16", rng.data, case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    cx, out = _kv16_graph(fn, arrays, "bfloat16", cuda_backend.compilers("bfloat16"))
+    cx.execute()
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-2, atol=2e-2, err_msg=f"{case} {env} {rng}")

@@ -3,7 +3,9 @@ few rows (decode: `qdot`, int8 activations and __dp4a, else `qgemv`, float32) an
 `qmma`), and the warp-per-output kernel every other case takes, against numpy's float64 product with the
 dequantised weights (`qdot`: with the activations quantised as the kernel does, so the check stays tight). On the `cuda` backend each test
 also asserts (through LUMINAL_PROFILE's per-kernel lines) which kernel ran; `cuda-nvrtc` compiles every kernel
-without a GPU (its values come from the CPU kernels, which quantise decode activations: a loose check)."""
+without a GPU (its values come from the CPU kernels, which quantise decode activations: a loose check). Q8_0
+products of one row in a matrix-vector group (`qrows`: float activations, the quants unpacked in registers) are
+checked on the GPU and, kernels printed and run as C++, on the host (cuda_host.py)."""
 from __future__ import annotations
 
 import re
@@ -353,11 +355,17 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
-static const char *w_lo, *w_hi, *w2_lo, *w2_hi;  // the packed weights' buffers
+inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
+template <class T> T rd_float32(T v) { return (T)(float)v; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float op_exp2(float x) { return std::exp2(x); }
+static std::vector<std::vector<char>*> packed;  // the packed weights' buffers
 template <class T> T checked(const T* p) {
   const char *a = (const char*)p, *b = (const char*)(p + 1);
-  if (!(a >= w_lo && b <= w_hi) && !(a >= w2_lo && b <= w2_hi)) { std::fprintf(stderr, "weight load out of bounds\n"); std::abort(); }
-  return *p;
+  for (auto* w : packed)
+    if (a >= w->data() && b <= w->data() + w->size()) return *p;
+  std::fprintf(stderr, "weight load out of bounds\n");
+  std::abort();
 }
 inline unsigned __ldg(const unsigned* p) { return checked(p); }
 inline u16 __ldg(const u16* p) { return checked(p); }
@@ -416,10 +424,8 @@ int main() {{
   std::vector<char> x = load("x.bin"), w = load("w.bin"), w2 = load("w2.bin"), wf = load("wf.bin");
   std::vector<float> alone({n}, 12345.0f), {arrays};
   int err = 0;
-  w_lo = w.data(); w_hi = w.data() + w.size();
+  packed = {{&w, &w2}};
   launch(2, 1, 1, 64, [&] {{ {kinds[ids[0]]["qrows"]}(P[0].data(), &err, alone.data(), x.data(), w.data()); }});
-  w_lo = w.data(); w_hi = w.data() + w.size();
-  w2_lo = w2.data(); w2_hi = w2.data() + w2.size();
   launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
   FILE* f = std::fopen("out.bin", "wb");
   for (auto* v : {{&alone, &out0, &out1, &out2}}) std::fwrite(v->data(), 4, v->size(), f);
@@ -435,3 +441,88 @@ int main() {{
     want = np.concatenate([x64 @ vals.T.astype(np.float64), x64 @ vals.T.astype(np.float64), x64 @ wf.T.astype(np.float64),
                            x64 @ vals2.T.astype(np.float64)], None)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
+
+
+def test_qrows_group_epilogues_on_the_host(rng, tmp_path):
+    """A group of Q8_0 units with epilogues run on the host: o (24 rows) with a residual add, and gate and up (37
+    rows: the last pair of rows has one) with silu(gate) * up; every warp computes two rows of its unit. Against
+    float64 numpy."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    k = 192
+    x, res = rng.data((1, k), "small").astype(np.float32), rng.data((1, 24)).astype(np.float32)
+    cx = lm.Graph()
+    xt, rt = cx.tensor(x.shape, name="x").set(x), cx.tensor(res.shape, name="res").set(res)
+    data, vals, w = {"x": x, "res": res}, {}, {}
+    for name, n in (("o", 24), ("g", 37), ("u", 37)):
+        data[name], vals[name] = random_quant_blocks(rng.gen, "Q8_0", n, k)
+        w[name] = dequantize(cx, QuantizedWeight(data[name], "Q8_0", (n, k)), name=name)
+    outs = [(rt + xt @ w["o"].T).output(), ((xt @ w["g"].T).silu() * (xt @ w["u"].T)).output()]
+    comp = lm.CudaCompiler("float32", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    ((group, ids),) = comp.schedule.groups()
+    members = [i for i in ids if g.node(i).name.startswith("QMatMul")]
+    epilogues = [i for i in ids if i not in members]
+    assert len(members) == 3 and len(epilogues) == 2 and "(P0[1] + 1) / 2" in dict(comp.schedule.kernel_texts)[group]
+    name_of = {e.node: g.node(e.node).name for i in ids for e in g.node(i).inputs}
+    sizes = {n: a.size for n, a in data.items()}
+    numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
+    slices, args = [], ["x.data()"]
+    for j, m in enumerate(members):
+        n = numel(m)
+        slices.append(slice_of(g, m, 1, n, k, sizes, True))
+        args += [f"P[{j}].data()", f"o{m}.data()", f"{name_of[g.node(m).inputs[1].node]}.data()"]
+    for e in epilogues:  # (in the members' order: o's, then gate and up's)
+        p = [e, numel(e), 0, 0]
+        for ed in g.node(e).inputs:
+            size = numel(ed.node) if ed.node in members else sizes[name_of[ed.node]]
+            p += [int(ed.view.offset), size] + [int(d) for d in ed.view.shape] + [int(d) for d in ed.view.strides]
+        slices.append(p)
+        args += [f"P[{len(slices) - 1}].data()", f"o{e}.data()"]
+        args += [f"o{ed.node}.data()" if ed.node in members else f"{name_of[ed.node]}.data()" for ed in g.node(e).inputs]
+    bufs = "".join(f"  std::vector<float> o{i}({numel(i)}, 12345.0f);\n" for i in ids)
+    loads = "".join(f'  std::vector<char> {n} = load("{n}.bin");\n' for n in data)
+    main = f"""
+int main() {{
+  std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, p)) + "}" for p in slices)}}};
+{loads}{bufs}  int err = 0;
+  packed = {{&o, &g, &u}};
+  launch(3, 1, 1, 64, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  std::fwrite(o{epilogues[0]}.data(), 4, o{epilogues[0]}.size(), f);
+  std::fwrite(o{epilogues[1]}.data(), 4, o{epilogues[1]}.size(), f);
+  std::fclose(f);
+}}
+"""
+    exe = cuda_host.build(QROWS_HOST + dict(comp.schedule.kernel_texts)[group] + main, tmp_path)
+    for n, a in data.items():
+        (tmp_path / f"{n}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+    subprocess.run([str(exe)], check=True, cwd=tmp_path)
+    got = np.fromfile(tmp_path / "out.bin", np.float32)
+    x64 = x.astype(np.float64)
+    p = {n: x64 @ v.T.astype(np.float64) for n, v in vals.items()}
+    want = np.concatenate([(res + p["o"]).ravel(), (p["g"] / (1 + np.exp(-p["g"])) * p["u"]).ravel()])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
+
+
+def test_q8_group_as_rows_change(backend, rng, monkeypatch, capfd):
+    """One compiled graph over a symbolic number of rows: 1 (the group kernel, qrows), 3 (its products one by one:
+    qdot), 7 (the warp-per-output kernel) and 1 again; q and k of odd row counts (a warp's pair of rows with one
+    left), K of 10 blocks (one partial step)."""
+    k = 320
+    g = lm.Graph()
+    xt = g.tensor(("s", k), name="x")
+    h = xt * 1.5
+    raws = {}
+    w, v = q8_layers(g, rng, [("q", 21, k, "q8"), ("k", 9, k, "q8")], raws)
+    outs = {n: (h @ w[n].T).output() for n in ("q", "k")}
+    g.compile(lm.GenericCompiler(), *backend.compilers("float32"))
+    for rows in (1, 3, 7, 1):
+        x = rng.data((rows, k)).astype(np.float32)
+        xt.set(x)
+        run_checked(g, backend, monkeypatch, capfd, [{1: "qrows", 3: "qdot", 7: "warps"}[rows]])
+        x = x * np.float32(1.5)
+        for n, o in outs.items():
+            want = expected_dp4a(x, raws[n], k) if rows == 3 else x.astype(np.float64) @ v[n].T
+            close(o.numpy(), want, backend, rng)

@@ -282,3 +282,29 @@ def test_session_cache_dtype_errors(tmp_path, seed):
     for bad in ("int32", "float64", lm.uint8):
         with pytest.raises(ValueError, match="cache_dtype must be None, 'float32', 'bfloat16' or 'float16'"):
             Session(model, cache_dtype=bad)
+
+
+def test_session_bf16_cache_bf16_compute(tmp_path, cuda_backend, seed, monkeypatch):
+    """A bfloat16 cache under a bfloat16 compute dtype (the GPU benchmark's setting): a 70-token prompt (140 query
+    rows per KV head: on a GPU the tensor-core kernel staging the cache by cp.async), then decode steps (the decode
+    kernel's 16-bit loads), the cache growing from 64 rows on the way."""
+    from transformers.models.llama import modeling_llama
+
+    cfg = tiny_config()
+    ref = write_tiny(tmp_path, cfg, seed)
+    model, _ = load_llama(tmp_path, progress=False)
+    sess = Session(model, [GenericCompiler()] + cuda_backend.compilers("bfloat16"), capacity=64,
+                   cache_dtype="bfloat16")
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, 74)
+    got = [sess.step(ids[:70])] + [sess.step(ids[i:i + 1]) for i in range(70, 74)]
+    assert sess._capacity == 128
+    plain = modeling_llama.eager_attention_forward
+
+    def rounded(module, q, k, v, *args, **kw):
+        return plain(module, q, k.to(torch.bfloat16).float(), v.to(torch.bfloat16).float(), *args, **kw)
+    monkeypatch.setattr(modeling_llama, "eager_attention_forward", rounded)
+    ref.config._attn_implementation = "eager"
+    with torch.no_grad():
+        want = ref(torch.tensor([ids.tolist()])).logits[0].numpy()[[69, 70, 71, 72, 73]]
+    # (bfloat16 weights and activations rounded where the tensor cores take them)
+    np.testing.assert_allclose(np.concatenate(got), want, atol=5e-2, rtol=0, err_msg=f"seed {seed}")

@@ -102,6 +102,11 @@ __device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) {
 }
 __device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ld_stream16((const u16*)b + o), x); }
 __device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ld_stream16((const u16*)b + o), x); }
+// A warp's L2 prefetch of `bytes` from w + o: a lane per 128-byte line (a hint: L2 is coherent).
+__device__ __forceinline__ void prefetch_l2(const void* w, i64 o, i64 bytes, int lane) {
+  size_t a = (size_t)((const u8*)w + o) & ~(size_t)127, end = (size_t)((const u8*)w + o) + bytes;
+  for (a += (size_t)lane * 128; a < end; a += 32 * 128) asm volatile("prefetch.global.L2 [%0];" :: "l"(a));
+}
 // Programmatic dependent launch (sm_90+; CUDA graph edges of that type, see runtime.cpp): every kernel first waits
 // for the kernel before it to finish (its writes visible), then lets the next one start launching, so that the
 // next kernel's launch and block start-up overlap this one's tail instead of following it. Without such an edge
@@ -358,10 +363,10 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
       s << "        { unsigned d_ = __shfl_sync(0xffffffffu, __byte_perm(" << b << "[0], 0u, qh_" << w.acc << "), lane & 28);\n"
         << "          unsigned q_[2] = {__funnelshift_rc(" << b << "[0], " << b << "[1], " << sh << ") ^ 0x80808080u, "
         << "__funnelshift_rc(" << b << "[1], " << b << "[2], " << sh << ") ^ 0x80808080u};\n"
-        << "          float s_ = 0.0f;\n"
+        << "          float s_[2] = {0.0f, 0.0f};  // (two sums: shorter chains of dependent adds)\n"
         << "#pragma unroll\n          for (int e = 0; e < 8; ++e)\n"
-        << "            s_ += a[u][e] * (__uint_as_float(__byte_perm(q_[e >> 2], 0x4b000000u, 0x7440u + (e & 3))) - 8388736.0f);\n"
-        << "          " << w.acc << " += f16_f32((u16)d_) * s_; }\n";
+        << "            s_[e & 1] += a[u][e] * (__uint_as_float(__byte_perm(q_[e >> 2], 0x4b000000u, 0x7440u + (e & 3))) - 8388736.0f);\n"
+        << "          " << w.acc << " += f16_f32((u16)d_) * (s_[0] + s_[1]); }\n";
     }
     s << "      }\n";
     return s.str();
@@ -2083,18 +2088,29 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
       if (free) mreg = m;
     }
   }
+  // A mask loaded as stored (a causal table): the pipelined kernel also notes, per thread, a tile whose mask is 0 at
+  // every one of its elements (z_), whose scores' program then runs with the mask as 0 instead of loading it again
+  // (the tiles below the diagonal).
+  int minput = pipe && mreg >= 0 && prog.code[size_t(mreg)].kind == Instr::Load &&
+                       prog.code[size_t(mreg)].input != plan.scores ? prog.code[size_t(mreg)].input : -1;
   std::string vote;  // whether tile j0 has a key any of the block's rows sees (a barrier too)
   if (mreg >= 0)
-    vote = "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
+    vote = std::string(minput >= 0 ? "      bool z_ = true;\n" : "") +
+           "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
            "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
            "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" + at +
            program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1),
                         {{plan.scores, "0.0f"}}) +
-           "          live_ |= (float)r" + std::to_string(mreg) + " != ninf;\n          }\n        }\n";
+           "          live_ |= (float)r" + std::to_string(mreg) + " != ninf;\n" +
+           (minput >= 0 ? "          z_ = z_ && (float)r" + std::to_string(mreg) + " == 0.0f;\n" : "") +
+           "          }\n        }\n";
   if (pipe) {
     // next_(j): the first live tile from j (jhi: none). load_(j0, st): tile j0 into stage st.
+    if (minput >= 0) f << "    bool zn_ = false, zc_ = false;  // (the next live tile's z_, this tile's)\n";
     f << "    auto next_ = [&](i64 j0) -> i64 {\n";
-    if (mreg >= 0) f << "      for (; j0 < jhi; j0 += 64) {\n" << vote << "      if (__syncthreads_or(live_)) break;\n      }\n";
+    if (mreg >= 0)
+      f << "      for (; j0 < jhi; j0 += 64) {\n" << vote << "      if (__syncthreads_or(live_)) {\n"
+        << (minput >= 0 ? "        zn_ = z_;\n" : "") << "        break;\n      }\n      }\n";
     f << "      return j0;\n    };\n"
       << "    auto load_ = [&](i64 j0, int st) {\n"
       << "      u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
@@ -2124,7 +2140,7 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
       << "(vx);\n      }\n    };\n"
       << "    __syncthreads();  // (the previous batch's last tile read)\n"
       << "    i64 jt = next_(jlo);\n    if (jt < jhi) load_(jt, 0);\n    cp_commit();\n"
-      << "    for (int st = 0; jt < jhi; st ^= 1) {\n      i64 j0 = jt;\n"
+      << "    for (int st = 0; jt < jhi; st ^= 1) {\n      i64 j0 = jt;\n" << (minput >= 0 ? "      zc_ = zn_;\n" : "")
       << (mreg >= 0 ? "" : "      __syncthreads();  // (every warp done with stage st ^ 1 before it is refilled)\n")
       << "      jt = next_(j0 + 64);\n      if (jt < jhi) load_(jt, st ^ 1);\n      cp_commit();\n"
       << "      cp_wait<1>();  // this thread's copies of tile j0 done; the barrier: every thread's\n"
@@ -2135,9 +2151,8 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   else
     f << "      __syncthreads();\n";
   // The tiles: K as Ks[key][d], V as Vs[key][n] (skip) or transposed as Vt[n][key], in the compute dtype, zeros
-  // outside.
-  if (pipe) {
-  } else if (f32kv && skip) {
+  // outside (the pipelined kernel's load_ above).
+  if (!pipe && f32kv && skip) {
     // 8 floats of a row per thread: two 16-byte loads each of k and v, one 16-byte store each
     std::string pk8 = "make_uint4(" + pk + "(a.x, a.y), " + pk + "(a.z, a.w), " + pk + "(b.x, b.y), " + pk + "(b.z, b.w))";
     f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
@@ -2149,7 +2164,7 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
       << "            if (d < N) v0 = *(const float4*)vr;\n            if (d + 4 < N) v1 = *(const float4*)(vr + 4);\n"
       << "          }\n          { float4 a = k0, b = k1; *(uint4*)&Ks[jj][d] = " << pk8 << "; }\n"
       << "          { float4 a = v0, b = v1; *(uint4*)&Vs[jj][d] = " << pk8 << "; }\n        }\n      } else\n";
-  } else if (f32kv)
+  } else if (!pipe && f32kv)
     f << "      if (" << P(6) << ") {\n#pragma unroll 4\n        for (int x = tid; x < 64 * " << DH / 4
       << "; x += " << TH << ") {\n          int jj = x / " << DH / 4 << ", d = (x % " << DH / 4 << ") * 4;\n"
       << "          i64 j = j0 + jj;\n          float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;\n"
@@ -2178,14 +2193,21 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "          unsigned B0 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2], B1 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2 + 8];\n"
     << "          " << mma << "\n        }\n      }\n";
   // The row program on each score, then the online softmax per row (max and sum over the quad).
-  f << "      float mx0 = ninf, mx1 = ninf;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
-    << "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
-    << "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
-    << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at;
-  f << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), {{plan.scores, "s[t][e]"}})
-    << "          x_ = (float)r" << sm.x << ";\n          }\n          s[t][e] = x_;\n"
-    << "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n"
-    << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+  auto scores_loop = [&](const std::map<int, std::string>& given) {
+    return "#pragma unroll\n      for (int t = 0; t < 8; ++t)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
+           "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
+           "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" + at +
+           program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), given) +
+           "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n"
+           "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n";
+  };
+  f << "      float mx0 = ninf, mx1 = ninf;\n";
+  if (minput >= 0)
+    f << "      if (zc_) {\n" << scores_loop({{plan.scores, "s[t][e]"}, {minput, "0.0f"}}) << "      } else {\n"
+      << scores_loop({{plan.scores, "s[t][e]"}}) << "      }\n";
+  else
+    f << scores_loop({{plan.scores, "s[t][e]"}});
+  f << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
     << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
@@ -2287,7 +2309,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   int nm = 0;
   std::vector<std::string> rows;
   std::vector<char> pairs;
-  Text body;
+  Text body, pre;  // pre: the Q8_0 weight rows of a warp's first row, prefetched (see below)
   for (size_t u = 0; u < nunits; ++u) {
     std::vector<size_t> ms = members_of(u);
     long f = epilogue_of(u);
@@ -2309,6 +2331,15 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
     body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     if (pair) body << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
+    pre << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    if (pair) pre << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
+    for (int j = 0; j < c; ++j) {
+      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) continue;
+      for (int half = 0; half < (pair ? 2 : 1); ++half)
+        pre << "    { const i64* p = P" << m0 + j << ";" << (half ? " i64 r = rq;\n" : "\n")
+            << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r") << "    prefetch_l2(W" << m0 + j << ", "
+            << ViewText{steps[ms[size_t(j)]].views[1]}.offset({"i" + std::to_string(R - 2), "0"}) << ", p[2] / 32 * 34, lane); }\n";
+    }
     body << "    i64 oa = 0";
     for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0" << (pair ? ", ob" + std::to_string(m0 + j) + "_1 = 0" : "");
     body << ";\n";
@@ -2368,8 +2399,18 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     body << "    }\n";
   }
   std::string psig, pro = prologue >= 0 ? group_prologue(size_t(prologue), psig) : "";
-  k << sig.str() << esig.str() << psig << ") {\n" << pro
-    << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  k << sig.str() << esig.str() << psig << ") {\n";
+  // With Q8_0 members, before waiting for the kernels before (pdl_start, which then goes here): the packed rows of
+  // the warp's first row (rows) prefetched into L2, so that their loads start during the tail of the kernel before
+  // (weights depend on no kernel; the parameter block is written before the run). (No return before it: the
+  // kernel after this one waits for this one only.)
+  bool q8 = pre.str().find("prefetch_l2") != std::string::npos;
+  if (q8) {
+    k << "  {\n  int lane = threadIdx.x & 31;\n";
+    for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
+    k << "  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n" << pre.str() << "    }\n  }\n  pdl_start();\n";
+  }
+  k << pro << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
