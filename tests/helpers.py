@@ -123,7 +123,9 @@ def needs_nvrtc() -> str | None:
 class NvrtcCheck:
     """A compiler applied after `CudaCompiler(dtype, device=None)`: collects every kernel generated for the graph and
     compiles them with NVRTC for sm_80 and sm_90 (no GPU needed), in batches so the prelude is parsed once per
-    batch. A kernel NVRTC rejects fails the test that generated it (or the session's last flush), with its log."""
+    batch. A kernel NVRTC rejects fails the test that generated it (or the session's last flush), with its log.
+    Each run of the graph first brings the CUDA runtime's plan to its dims (views checked against their buffers,
+    the memory planned), raising what a run on a GPU would."""
 
     ARCHS = (80, 90)
     BATCH = 400
@@ -142,6 +144,7 @@ class NvrtcCheck:
                 self.pending[key] = test
         if len(self.pending) >= self.BATCH:
             self.flush()
+        graph._executor = _PlanChecked(graph, sched)
         return 0
 
     def flush(self):
@@ -163,6 +166,18 @@ class NvrtcCheck:
                 raise
         self.done.update(t for t, _ in texts)
         self.compiled += len(texts)
+
+
+class _PlanChecked:
+    """The CPU executor, each run preceded by the CUDA plan's update to the run's dims (see NvrtcCheck)."""
+
+    def __init__(self, graph, sched):
+        self.plan = lm._core.CudaPlan(graph._g, sched)
+        self.executor = lm._core.Executor(graph._g)
+
+    def run(self, dims, data, donated):
+        self.plan.update(dims)
+        return self.executor.run(dims, data, donated)
 
 
 NVRTC_CHECK = NvrtcCheck()

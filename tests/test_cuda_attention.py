@@ -439,8 +439,10 @@ def _llama_fn16(hkv, rep, s, t, d):
 
 
 # Decode over a 16-bit cache (FlashDecode's 16-bit vector loads: v's columns 4, 2 and 1 per lane), as HOST_CASES.
-KV16_CASES = {"decode-128": (2, 4, 1, 301, 128, "causal"), "decode-2-tokens": (2, 2, 2, 77, 32, "causal"),
-              "decode-64": (1, 3, 1, 130, 64, "causal")}
+# (Head sizes and dtypes shared with a HOST_CASES case where they can be: the cuda-nvrtc check compiles each
+# distinct kernel once, and kernels differ by head size and dtypes, not by lengths.)
+KV16_CASES = {"decode-128": (2, 4, 1, 301, 128, "causal"), "decode-2-tokens": (2, 2, 2, 77, 64, "causal"),
+              "decode-64": (1, 3, 1, 130, 64, "causal"), "decode-32": (1, 3, 1, 45, 32, "causal")}
 
 
 def _cache16(kv_dtype, rng, case):
@@ -466,7 +468,8 @@ def _kv16_graph(fn, arrays, kv_dtype, compiler):
                                                  ("causal", "bfloat16", "float32"), ("middle", "float16", "bfloat16"),
                                                  ("decode-128", "bfloat16", "bfloat16"),
                                                  ("decode-2-tokens", "float16", "float16"),
-                                                 ("decode-64", "bfloat16", "float32")])
+                                                 ("decode-64", "bfloat16", "float32"),
+                                                 ("decode-32", "bfloat16", "bfloat16")])
 def test_attention_16bit_cache(backend, rng, case, kv_dtype, dtype):
     """Attention over 16-bit k and v read through a float32 cast against torch on the rounded values: one Attention
     node that reads the 16-bit inputs (no float32 copy), on every backend (on a GPU: flash-mma-skip's cp.async
@@ -527,9 +530,9 @@ def test_cpu_attention_16bit_cache(rng, monkeypatch, mode, case, kv_dtype):
 
 
 @pytest.mark.parametrize("case,env", [("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_SKIP"),
-                                      ("middle", "LUMINAL_CUDA_KV16_VECTOR"),
+                                      ("causal-gqa-offset", "LUMINAL_CUDA_KV16_VECTOR"),
                                       ("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_WARPS"),
-                                      ("decode-64", "LUMINAL_CUDA_FLASH_DECODE")])
+                                      ("decode-32", "LUMINAL_CUDA_FLASH_DECODE")])
 def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, env):
     """The other kernels over a bfloat16 cache, each by its switch (on a GPU; the cuda-nvrtc backend compiles them):
     flash-mma (skip off: its loads rounded element by element), flash-mma-skip staged element by element (no

@@ -1,17 +1,24 @@
-"""Fewer kernels per decode step on the GPU: a row program (RMSNorm) that only a matrix-vector group reads is that
-group's prologue (the group's kernel computes the normalised rows into shared memory first; the norm's own kernel
-does not run), and the flash-decode kernel merges its key ranges itself (the last range of a tile to finish, by a
-ticket it sets back to zero; no combine kernel). Parity against torch on every backend (reference, CPU, the NVRTC
-compile, the GPU), and the kernels of a Llama decode layer counted (without a GPU from the printed module)."""
+"""Fewer kernels per decode step on the GPU: a row program of the factored form (RMSNorm: a k-wise part times a row
+scalar made of the row's sums) that only a matrix-vector group reads is that group's prologue (the group's kernel
+computes the part where it loads the activations, the sums in the same loop, and scales each dot product by the
+scalar; the norm's own kernel does not run), and the flash-decode kernel merges its key ranges itself (the last
+range of a tile to finish, by a ticket it sets back to zero; no combine kernel). Parity against torch on every
+backend (reference, CPU, the NVRTC compile, the GPU), the group kernel's arithmetic run on the host (cuda_host.py),
+and the kernels of a Llama decode layer counted (without a GPU from the printed module)."""
 from __future__ import annotations
+
+import re
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 
+import cuda_host
 import luminal as lm
 import luminal.nn.functional as F
-from helpers import needs_cuda
+from helpers import needs_cuda, needs_nvrtc, random_quant_blocks
+from luminal.quant import QuantizedWeight, dequantize
 
 gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
 
@@ -20,17 +27,24 @@ def _rms(x, w, eps):
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-@pytest.mark.parametrize("tokens,k", [(1, 64), (1, 203), (3, 64)])
+def _scaled(x, g):
+    """A factored row program written out (not Tensor.rms_norm): (x * g) * rsqrt(sum x^2 / K + 1)."""
+    return (x * g) * ((x * x).sum(-1, keepdim=True) * (1.0 / x.shape[-1]) + 1.0).rsqrt()
+
+
+@pytest.mark.parametrize("tokens,k", [(1, 64), (1, 136), (1, 203), (3, 64)])
 def test_norm_is_the_prologue_of_the_products_reading_it(backend, tokens, k, rng):
     """RMSNorm before q/k (two products), before gate/up (an epilogue: silu(gate) * up) and before one product (the
-    logits): each is its group's prologue. A norm that something else reads too keeps its own kernel. An odd row
-    length (unaligned rows: no matrix-vector kernel) and 3 rows run the steps one by one, norms included."""
+    logits), and a factored program written out: each is its group's prologue. A norm that something else reads too
+    keeps its own kernel, and so does LayerNorm (its output is a sum, not of the factored form). 136: whole 8-element
+    loads but partial steps of the dot loop. An odd row length (unaligned rows: no matrix-vector kernel) and 3 rows
+    run the steps one by one, norms included."""
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
-    names = {"q": 40, "k": 24, "g": 48, "u": 48, "l": 72, "z": 16}
+    names = {"q": 40, "k": 24, "g": 48, "u": 48, "l": 72, "z": 16, "a": 8, "b": 12, "c": 20}
     ws = {n: rng.data((r, k)).astype(np.float32) for n, r in names.items()}
-    ns = {n: rng.data((k,)).astype(np.float32) for n in ("n1", "n2", "n3", "n4")}
+    ns = {n: rng.data((k,)).astype(np.float32) for n in ("n1", "n2", "n3", "n4", "n5", "n6", "b6")}
     xv = rng.data((tokens, k)).astype(np.float32)
     g = lm.Graph()
     x = g.tensor((tokens, k), name="x").set(xv)
@@ -42,20 +56,25 @@ def test_norm_is_the_prologue_of_the_products_reading_it(backend, tokens, k, rng
     logits = ((x + 0.5).rms_norm(k, w["n3"], 1e-5) @ w["l"].T).output()
     h4 = (x - 1).rms_norm(k, w["n4"], 1e-5)
     z, h4o = (h4 @ w["z"].T).output(), h4.output()
+    fa = (_scaled(x * 3, w["n5"]) @ w["a"].T).output()
+    h6 = x.layer_norm(k, w["n6"], w["b6"])
+    fb, fc = (h6 @ w["b"].T).output(), (h6 @ w["c"].T).output()
     comps = backend.compilers("float32")
     g.compile(lm.GenericCompiler(), *comps)
     for cc in comps:
-        if isinstance(cc, lm.CudaCompiler):  # the groups: q/k, gate/up, logits, each with its norm first
+        if isinstance(cc, lm.CudaCompiler):  # q/k, gate/up, logits and `a`, each with its norm; LayerNorm's b/c
             groups = cc.schedule.groups()
-            assert sorted(len(ids) for _, ids in groups) == [2, 3, 4], groups
+            assert sorted(len(ids) for _, ids in groups) == [2, 2, 2, 3, 4], groups
     g.execute()
     t = {n: torch.from_numpy(v).double() for n, v in {**ws, **ns}.items()}
     xt = torch.from_numpy(xv).double()
     r1, r2, r4 = _rms(xt, t["n1"], 1e-5), _rms(xt * 2, t["n2"], 1e-5), _rms(xt - 1, t["n4"], 1e-5)
+    r6 = torch.nn.functional.layer_norm(xt, (k,), t["n6"], t["b6"])
     pg = r2 @ t["g"].T
     wants = [r1 @ t["q"].T, r1 @ t["k"].T, torch.nn.functional.silu(pg) * (r2 @ t["u"].T),
-             _rms(xt + 0.5, t["n3"], 1e-5) @ t["l"].T, r4 @ t["z"].T, r4]
-    for o, want in zip((q, kk, m, logits, z, h4o), wants):
+             _rms(xt + 0.5, t["n3"], 1e-5) @ t["l"].T, r4 @ t["z"].T, r4, _scaled(xt * 3, t["n5"]) @ t["a"].T,
+             r6 @ t["b"].T, r6 @ t["c"].T]
+    for o, want in zip((q, kk, m, logits, z, h4o, fa, fb, fc), wants):
         want = want.numpy()
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
     if backend.name == "cuda":  # aligned rows: a launch per group (norms inside) and per other kernel step; an
@@ -67,6 +86,41 @@ def test_norm_is_the_prologue_of_the_products_reading_it(backend, tokens, k, rng
             assert launched == sites if k % 8 == 0 else launched > sites, (launched, sites)
         else:
             assert launched >= sites, (launched, sites)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
+    """Q8_0 products (a warp per two rows, QRows) and a float one after an RMSNorm: one group with the norm as its
+    prologue, the products scaled by the row's scalar. 96: three Q8_0 blocks, a partial step of the dot loop."""
+    backend, k = cuda_backend, 96
+    reason = backend.skip_reason()
+    if reason:
+        pytest.skip(f"backend {backend.name}: {reason}")
+    xv, nv = rng.data((1, k)).astype(np.float32), rng.data((k,)).astype(np.float32)
+    g = lm.Graph()
+    x, nw = g.tensor((1, k), name="x").set(xv), g.tensor((k,), name="n").set(nv)
+    vals, outs = {}, []
+    h = x.rms_norm(k, nw, 1e-5)
+    for name, rows in (("q", 41), ("k", 7)):
+        raw, vals[name] = random_quant_blocks(rng.gen, "Q8_0", rows, k)
+        outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (rows, k)), name=name).T).output())
+    vals["v"] = rng.data((12, k)).astype(np.float32)
+    outs.append((h @ g.tensor((12, k), name="v").set(vals["v"]).T).output())
+    comps = backend.compilers(dtype)
+    g.compile(lm.GenericCompiler(), *comps)
+    (cc,) = [c for c in comps if isinstance(c, lm.CudaCompiler)]
+    assert sorted(len(ids) for _, ids in cc.schedule.groups()) == [4], cc.schedule.groups()
+    g.execute()
+    r = _rms(torch.from_numpy(xv).double(), torch.from_numpy(nv).double(), 1e-5).numpy()
+    for o, name in zip(outs, ("q", "k", "v")):
+        v = vals[name].astype(np.float64)
+        if name == "v" and dtype == "bfloat16":  # (a float weight is stored in the compute dtype)
+            v = torch.from_numpy(vals[name]).bfloat16().double().numpy()
+        want = r @ v.T
+        tol = 3e-2 if backend.name == "cuda-nvrtc" else 1e-4  # (the CPU kernels quantise decode activations)
+        np.testing.assert_allclose(o.numpy(), want, rtol=0, atol=tol * np.abs(want).max(), err_msg=repr(rng))
+    if backend.name == "cuda":
+        assert g._runtime.rt.last_launches() == 1
 
 
 def _decode_graph(n_layers):
@@ -158,3 +212,86 @@ def test_decode_key_ranges_merge_run_after_run(tickets, rng, monkeypatch):
         g.execute()
         want = torch.nn.functional.scaled_dot_product_attention(*map(torch.from_numpy, arrs), enable_gqa=True).numpy()
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=1e-5, err_msg=f"{t} keys; {rng!r}")
+
+
+# (what the group kernel needs beyond cuda_host's prelude)
+_GROUP_HOST = r"""
+inline float __uint_as_float(unsigned u) { return bits_f32(u); }
+inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned s) {
+  return unsigned(((unsigned long long)hi << 32 | lo) >> (s > 32 ? 32 : s));
+}
+template <class T> T __shfl_sync(unsigned, T v, int src) {
+  int t = threadIdx.x;
+  xbuf[t] = double(v);
+  wbar[t / 32].wait();
+  T r = T(xbuf[(t & ~31) + src]);
+  wbar[t / 32].wait();
+  return r;
+}
+inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
+inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
+template <class T> T rd_float32(T v) { return (T)(float)v; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float op_sqrt(float x) { return std::sqrt(x); }
+"""
+
+
+@pytest.mark.parametrize("n,k", [(42, 160), (7, 1088)])
+def test_prologue_group_kernel_on_the_host(n, k, rng, tmp_path):
+    """The group kernel with an RMSNorm prologue run on the host (cuda_host.py): a Q8_0 member (two rows a warp) and
+    a float one, the norm's part and sums computed in the dot loop (5 blocks: a partial step; 34: a whole step and
+    a partial one), against float64 torch; grids smaller than the work."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    n2 = n + 1 if k // 32 % 2 == 0 else n + 2  # (a float member's row count; the Q8_0 one is n)
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    wf = rng.data((n2, k)).astype(np.float32)
+    x, nv = rng.data((1, k)).astype(np.float32), rng.data((k,)).astype(np.float32)
+    cx = lm.Graph()
+    xt, nt = cx.tensor(x.shape, name="x").set(x), cx.tensor(nv.shape, name="n").set(nv)
+    h = xt.rms_norm(k, nt, 1e-5)
+    wq = dequantize(cx, QuantizedWeight(raw, "Q8_0", (n, k)), name="w")
+    outs = [(h @ wq.T).output(), (h @ cx.tensor(wf.shape, name="wf").set(wf).T).output()]
+    comp = lm.CudaCompiler("float32", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    texts = dict(comp.schedule.kernel_texts)
+    ((group, ids),) = comp.schedule.groups()
+    ids_out = [o._edge().node for o in outs]
+    members = [g.node(i).inputs[0].node if i not in ids else i for i in ids_out]  # (an Output aliasing its product)
+    (pro,) = [i for i in ids if i not in members]
+    numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
+    sizes = {"x": x.size, "n": nv.size, "w": raw.size, "wf": wf.size}
+
+    def slice_of(nid, items, k, extra, q8):
+        p = [nid, items, k, extra]
+        for e in g.node(nid).inputs:
+            size = sizes.get(g.node(e.node).name, numel(e.node))
+            p += [int(e.view.offset), size] + [int(s) for s in e.view.shape] + [int(s) for s in e.view.strides]
+        return p + ([0, n] if q8 else [])
+
+    slices = [slice_of(members[0], n, k, n, True), slice_of(members[1], n2, k, n2, False), slice_of(pro, 1, k, 0, False)]
+    kernel = texts[group]
+    args = re.search(r"void \w+\((.*?)\) \{", kernel).group(1)
+    order = [int(m) for m in re.findall(r"const i64\* __restrict__ P(\d)", args)]  # (members in argument order)
+    group_args = "".join(f", P[{j}].data(), out{j}.data(), {('w', 'wf')[j]}.data()" for j in order)
+    main = f"""
+int main() {{
+  std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, s)) + "}" for s in slices)}}};
+  std::vector<char> x = load("x.bin"), nv = load("n.bin"), w = load("w.bin"), wf = load("wf.bin");
+  std::vector<float> out0({n}, 12345.0f), out1({n2}, 12345.0f);
+  int err = 0;
+  launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, nullptr{group_args}, P[2].data(), x.data(), nv.data()); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  for (auto* v : {{&out0, &out1}}) std::fwrite(v->data(), 4, v->size(), f);
+  std::fclose(f);
+}}
+"""
+    exe = cuda_host.build(_GROUP_HOST + kernel + main, tmp_path)
+    for name, a in (("x", x), ("n", nv), ("w", raw), ("wf", wf)):
+        (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+    subprocess.run([str(exe)], check=True, cwd=tmp_path)
+    got = np.fromfile(tmp_path / "out.bin", np.float32)
+    r = _rms(torch.from_numpy(x).double(), torch.from_numpy(nv).double(), 1e-5).numpy()
+    want = np.concatenate([(r @ vals.T.astype(np.float64))[0], (r @ wf.T.astype(np.float64))[0]])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))

@@ -243,7 +243,8 @@ def test_config_does_not_match_weights(tmp_path, seed):
 def test_session_cache_dtype(tmp_path, backend, seed, cache_dtype, batch, monkeypatch):
     """Session(cache_dtype=...) stores the caches in that dtype (bfloat16 as raw bits on the host) and attention
     reads them back: the logits match transformers with its keys and values rounded the same way where attention
-    reads them, batched and not, across two steps that outgrow the cache (capacity 4 doubles to 16, copying rows)."""
+    reads them, batched and not, across steps that outgrow the cache (capacity 4 doubles to 8, then 16, copying
+    rows) and a decode step (on cuda-nvrtc each run also plans the CUDA runtime for its dims)."""
     from transformers.models.llama import modeling_llama
 
     cfg = tiny_config()
@@ -255,7 +256,8 @@ def test_session_cache_dtype(tmp_path, backend, seed, cache_dtype, batch, monkey
     assert sess.cache_dtype is lm.dtypes.dtype(name)
     ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch or 1, 9))
     feed = ids if batch else ids[0]
-    got = np.concatenate([sess.step(feed[..., :6]), sess.step(feed[..., 6:])], axis=-2).reshape(batch or 1, 9, -1)
+    got = np.concatenate([sess.step(feed[..., a:b]) for a, b in ((0, 6), (6, 8), (8, 9))],
+                         axis=-2).reshape(batch or 1, 9, -1)
     assert sess._capacity == 16
     cache = sess._caches[0]
     assert (cache.dtype == (np.uint16 if name == "bfloat16" else np.float16) if isinstance(cache, np.ndarray)
@@ -273,6 +275,23 @@ def test_session_cache_dtype(tmp_path, backend, seed, cache_dtype, batch, monkey
     np.testing.assert_allclose(got, want, atol=2e-4, rtol=2e-4, err_msg=f"seed {seed}")
     # (the rounding shows against float32 keys and values: a bfloat16 cache moves the logits by ~1e-3)
     assert name == "float16" or np.abs(got - exact).max() > 2e-4
+
+
+@pytest.mark.skipif(not hasattr(lm, "CudaCompiler"), reason="this luminal build has no lm.CudaCompiler")
+@pytest.mark.parametrize("cache_dtype,batch", [("bfloat16", None), ("float16", 2)])
+def test_session_cuda_plan(cache_dtype, batch):
+    """The CUDA runtime's plan of a Session graph with a 16-bit cache, made with no GPU, for a prefill, decode steps
+    and a grown cache: the step casting the new rows, absorbed by the cache's Scatter, must come before it once the
+    Scatter joins a batch of cache writes (it came after, and every GPU run failed at its first step: "Scatter: a
+    view reads element 191 of a buffer of 1 elements"). A capacity too small for the rows raises as a run would."""
+    model = Llama(tiny_config())
+    cuda = lm.CudaCompiler("float32", device=None)
+    sess = Session(model, [GenericCompiler(), cuda], capacity=4, cache_dtype=cache_dtype, batch=batch)
+    plan = lm._core.CudaPlan(sess.graph._g, cuda.schedule)
+    for c, p, s in ((8, 0, 6), (8, 6, 1), (8, 7, 1), (16, 8, 1), (16, 9, 7)):
+        assert plan.update({"c": c, "p": p, "s": s}) > 0
+    with pytest.raises(IndexError, match="reads element"):
+        plan.update({"c": 4, "p": 0, "s": 6})
 
 
 def test_session_cache_dtype_errors(tmp_path, seed):

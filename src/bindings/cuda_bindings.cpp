@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "core/plan.h"
 #include "cuda/api.h"
 #include "cuda/codegen.h"
 #include "cuda/contraction.h"
@@ -158,6 +159,15 @@ void bind_cuda(py::module_& m) {
   m.def("cuda_generate", [](const Graph& g, const std::string& dtype, bool host_fallback) {
     return generate(g, dtype_from_name(dtype), host_fallback);
   }, py::arg("graph"), py::arg("dtype"), py::arg("host_fallback") = false);
+
+  py::class_<Plan>(m, "CudaPlan", "The CUDA runtime's plan of a schedule (core/plan.h), with no GPU: update(dims) "
+                                  "raises what a run with those dims would and returns the arena's bytes (tests).")
+      .def(py::init([](const Graph& g, const Module& s) { return new Plan(g, s.sched); }), py::keep_alive<1, 2>(),
+           py::keep_alive<1, 3>())
+      .def("update", [](Plan& p, const py::dict& dims) {
+        p.update(bindings_of(dims));  // (evaluates again only the steps whose dims changed, as a run does)
+        return p.arena_bytes();
+      });
 
   py::class_<DeviceArray>(m, "DeviceArray", "An array in GPU memory: a graph output, or data for Graph.set.")
       .def_property_readonly("shape", [](const DeviceArray& a) { return py::tuple(py::cast(a.shape)); })

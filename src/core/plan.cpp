@@ -26,6 +26,14 @@ Plan::Plan(const Graph& g, const Schedule& s) : g_(g), s_(s) {
   size_t nn = g_.size(), ns = s_.steps.size();
   step_of_.assign(nn, -1);
   for (size_t i = 0; i < ns; ++i) step_of_[size_t(s_.steps[i].node)] = int64_t(i);
+  // Steps are evaluated in order: a step placed before one it reads (an absorbed one included) would read a shape
+  // not evaluated yet. A schedule bug, named here rather than as a view reading outside its buffer.
+  for (size_t i = 0; i < ns; ++i)
+    for (auto& in : g_.node(s_.steps[i].node).inputs)
+      if (step_of_[size_t(in.node)] >= int64_t(i))
+        throw std::logic_error("schedule: " + op_label(g_.node(s_.steps[i].node)) + " (node " +
+                               std::to_string(s_.steps[i].node) + ") comes before node " + std::to_string(in.node) +
+                               " that it reads");
   shape_nums_.resize(nn);
   grows_.assign(nn, 0);
   std::vector<int64_t> readers(nn, 0);

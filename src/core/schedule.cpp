@@ -168,6 +168,10 @@ std::vector<size_t> Scheduler::move_together(const std::vector<std::vector<size_
       for (size_t m : sets[size_t(j)])
         for (int64_t r : kernel_reads(g_, steps[m]))
           if (at[r] >= 0 && steps[size_t(at[r])].leaf()) emit(size_t(at[r]));
+      // A Scatter's absorbed producer moves with it (it reads what the Scatter's kernel reads, so it is ready): a
+      // step that does not run still comes before its reader, whose plan evaluates the view of it.
+      for (size_t m : sets[size_t(j)])
+        if (steps[m].producer >= 0) emit(size_t(at[steps[m].producer]));
       for (size_t m : sets[size_t(j)]) emit(m);
     }
   }
@@ -191,9 +195,9 @@ std::vector<size_t> Scheduler::move_together(const std::vector<std::vector<size_
 // element-wise step that is the only reader of some of them (the residual add after o or down, SwiGLU's
 // silu(gate) * up) is computed as they store, so that their results never go through memory. A Llama layer's
 // decode then runs 4 matrix-vector kernels instead of 7, and 3 element-wise kernels fewer. The group's steps are
-// moved next to each other (they only read what is ready by then). A row program that computes the activations
-// and that only the group's members read (the RMSNorm before q/k/v, gate/up, or the logits) becomes the group's
-// prologue (Group::prologue): a group then forms for a single product too.
+// moved next to each other (they only read what is ready by then). A factored row program that computes the
+// activations and that only the group's members read (the RMSNorm before q/k/v, gate/up, or the logits) becomes
+// the group's prologue (Group::prologue): a group then forms for a single product too.
 void Scheduler::group_matvecs() {
   std::vector<Step>& steps = s_.steps;
   size_t ns = steps.size();
@@ -237,8 +241,9 @@ void Scheduler::group_matvecs() {
     if (it == keyed.end()) keyed.push_back({i});
     else it->push_back(i);
   }
-  // The step computing activations `a` when it may be the prologue of a group of `members`: a row program
-  // (reductions over the last axis, an element per output) whose output only they read, as their left operand.
+  // The step computing activations `a` when it may be the prologue of a group of `members`: a row program of the
+  // factored form (row_factors) whose output only they read, as their left operand. (Other row programs keep their
+  // kernel: computing the rows first in every block of the group's kernel costs the weight streaming more.)
   auto prologue_of = [&](int64_t a, const std::vector<size_t>& members) -> long {
     long p = at[a];
     if (!opts_.prologues || p < 0) return -1;
@@ -249,9 +254,9 @@ void Scheduler::group_matvecs() {
       if (mn.inputs[1].node == a) return -1;
       readers += mn.inputs[0].node == a;
     }
-    bool ok = ps.kind == Step::Kernel && ps.program && ps.program->has_row_reductions() &&
+    bool ok = ps.kind == Step::Kernel && ps.program && row_factors(*ps.program) &&
               ps.program->reduce == Op::Input && !ps.matvec && !ps.absorbed && ps.perm.empty() && ps.group < 0 &&
-              ps.producer < 0 && g_.node(a).op != Op::Output && is_float(g_.node(a).dtype) && reads[a] == readers;
+              ps.producer < 0 && g_.node(a).op != Op::Output && g_.node(a).dtype == DType::F32 && reads[a] == readers;
     return ok ? p : -1;
   };
   struct Unit {
@@ -405,6 +410,52 @@ std::vector<int64_t> kernel_reads(const Graph& g, const Step& st) {
   if (st.producer >= 0)
     for (auto& e : g.node(st.producer).inputs) r.push_back(e.node);
   return r;
+}
+
+std::optional<RowFactors> row_factors(const Program& prog) {
+  const std::vector<Instr>& c = prog.code;
+  if (prog.reduce != Op::Input || c.empty()) return std::nullopt;
+  // Per register: whether it depends on a Reduce step, and whether on a Load other than through one.
+  std::vector<char> red(c.size(), 0), load(c.size(), 0);
+  RowFactors f;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const Instr& in = c[i];
+    // float registers only (the group kernel computes them as float), immediates exact in float
+    if (in.kind == Instr::Load ? !is_float(in.dtype) : in.kind != Instr::Imm && in.dtype != DType::F32)
+      return std::nullopt;
+    if (in.kind == Instr::Imm && double(float(in.imm)) != in.imm) return std::nullopt;
+    if (in.kind == Instr::Load) load[i] = 1;
+    if (in.kind == Instr::Reduce) {
+      if (in.op != Op::SumReduce || red[size_t(in.a)]) return std::nullopt;  // a sum of a k-wise register
+      red[i] = 1;
+      f.sums.push_back(int(i));
+      continue;
+    }
+    for (int r : {in.a, in.b})
+      if (r >= 0) {
+        red[i] |= red[size_t(r)];
+        load[i] |= load[size_t(r)];
+      }
+  }
+  // The factors: the operands of the float32 products the output is, each k-wise or a row scalar.
+  std::vector<int> todo{int(c.size() - 1)};
+  while (!todo.empty()) {
+    int r = todo.back();
+    todo.pop_back();
+    const Instr& in = c[size_t(r)];
+    if (in.kind == Instr::Apply && in.op == Op::Mul && (red[size_t(in.a)] || red[size_t(in.b)])) {
+      todo.push_back(in.a);
+      todo.push_back(in.b);
+    } else if (!red[size_t(r)]) {
+      f.part.push_back(r);
+    } else if (!load[size_t(r)] && in.kind != Instr::Load) {
+      f.scalar.push_back(r);
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (f.scalar.empty() || f.part.empty()) return std::nullopt;
+  return f;
 }
 
 }  // namespace luminal

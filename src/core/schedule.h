@@ -3,6 +3,7 @@
 // prints a kernel per step and per group and launches them. Needs no device.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/graph.h"
@@ -57,11 +58,22 @@ struct Group {
   std::vector<long> unit_epilogue;         // MatVec: per unit, its epilogue's index in `epilogues`, or -1
   std::vector<size_t> batch;               // Batch: its steps
   size_t first = 0, last = 0;
-  // MatVec: the step computing the activations when it is a row program (RMSNorm) that only the members read, or
-  // -1. The group's kernel computes its row reductions and its rows itself first (into shared memory), so that it
+  // MatVec: the step computing the activations when it is a row program of the factored form (RowFactors: RMSNorm)
+  // that only the members read, or -1. The group's kernel computes its k-wise part in the dot products' loop (and
+  // the row's sums alongside), then scales each dot product by the row scalar, so that the program's own kernel
   // need not run (a backend that runs the group's steps one by one runs it). It comes before `first`.
   long prologue = -1;
 };
+
+// A row program (no final reduction) whose output is a product of factors that are each either k-wise (depend on
+// no Reduce step) or a row scalar (depend on Reduce steps and immediates only), every Reduce a float32 sum of a
+// k-wise register: RMSNorm's x_k * g_k * rsqrt(sum x_k^2 / K + eps). Then sum_k out_k W_jk is
+// scalar * sum_k part_k W_jk, the row's sums accumulated in the same pass over k. Registers of Program::code.
+struct RowFactors {
+  std::vector<int> part, scalar;  // the factors (Mul operands, float32 products)
+  std::vector<int> sums;          // the Reduce steps
+};
+std::optional<RowFactors> row_factors(const Program& prog);
 
 struct Schedule {
   std::vector<Step> steps;   // producers first

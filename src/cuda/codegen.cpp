@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -278,24 +279,36 @@ std::string warp_mma_tile(const std::string& ct, int bk, const std::string& acc 
 // A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
 // operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
 // steps of 8 elements (16-byte loads) before the first multiply; weights are streamed past L1 (lds8). Leaves each
-// warp-summed accumulator in every lane; K is the row length. Operands with `q8` set: see dot_rows_q8.
+// warp-summed accumulator in every lane; K is the row length. Operands with `q8` set: see dot_rows_q8. With `act`,
+// the activations are computed where they are loaded (a group's factored prologue, see group_kernel).
+struct ActRow {
+  std::string sig;   // the kernel's extra parameters
+  std::string init;  // before the loop (`oa` known): the row's offsets, its sums' accumulators
+  // Statements setting float dst[0..8) to the row's elements at..at+7 (in range), adding to the row's sums.
+  std::function<std::string(const std::string& at, const std::string& dst)> load;
+  std::string finish;  // after the loop: float scale_, what each dot product is multiplied by
+};
 struct DotOperand {
   DType storage;
   std::string ptr, off, acc;
   bool q8 = false;  // Q8_0 blocks: `off` is the packed row's first byte
 };
-std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U);
-std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U) {
-  if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; })) return dot_rows_q8(as, a, oa, ws, U);
+std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
+                        const ActRow* act);
+std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
+                     const ActRow* act = nullptr) {
+  if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; })) return dot_rows_q8(as, a, oa, ws, U, act);
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
   t << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
   for (auto& w : ws) t << ", b_" << w.acc << "[" << U << "][8]";
   t << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
-    << "        if (k0 + u * 256 < K) {\n          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
+    << "        if (k0 + u * 256 < K) {\n";
+  if (!act) t << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
   for (auto& w : ws)
     t << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
       << "[u]);\n";
+  if (act) t << act->load("k0 + u * 256", "a[u]");  // (after the weights' loads: those are the ones to start first)
   t << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
   for (auto& w : ws) t << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
   t << "        }\n      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u)\n"
@@ -314,7 +327,8 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
 // window starts into its first word). (The last word may reach 2 bytes past the quants: the runtime checks the
 // buffer is whole words.) Every lane runs every step (the shuffles need the whole warp): whole steps unchecked,
 // then one checked step for a K that is not a multiple of 256 U.
-std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U) {
+std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
+                        const ActRow* act) {
   Text t;
   for (auto& w : ws) {
     t << "    float " << w.acc << " = 0.0f;\n";
@@ -335,7 +349,7 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
       if (w.q8) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
     if (checked) s << "        if (k0 + u * 256 < K) {\n";
-    s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
+    if (!act) s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
     for (auto& w : ws) {
       if (w.q8)
         s << "          { const unsigned* q_ = (const unsigned*)(qb_" << w.acc << " + (k_ >> 5) * 34 + u * 272);\n"
@@ -345,6 +359,7 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
         s << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
           << "[u]);\n";
     }
+    if (act) s << act->load("k0 + u * 256", "a[u]");
     if (checked) {
       s << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
       for (auto& w : ws)
@@ -543,7 +558,7 @@ class Generator {
   std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of, long prologue = -1);
-  std::string group_prologue(size_t step, std::string& sig);
+  ActRow group_prologue(size_t step);
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
@@ -835,8 +850,13 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
+    // Before waiting for the kernel before (pdl_start): the warp's first weight row prefetched into L2 (a hint; L2
+    // is coherent, so a right operand that kernel writes is still read correctly after the wait).
+    int bb = int(dtype_size(bs));
     k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
       << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
+      << "  { i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n  if (row < p[1]) {\n" << unravel(av, 0, R - 1, "row")
+      << "    prefetch_l2(in1, (" << ViewText{bv}.offset(idx) << ") * " << bb << ", K * " << bb << ", lane);\n  } }\n  pdl_start();\n"
       << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
@@ -2265,37 +2285,71 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
 // computes its members' dot products for the row together, sharing the activation loads, then stores them or
 // evaluates the epilogue at that element. Variables are shadowed (p, in<k>, out) so that the view text of each
 // member's and epilogue's own parameter slice reads as in their own kernels.
-// A group's prologue (core/schedule.h's Group::prologue): the row program computing the activations, its rows into
-// the shared array xs_ (float, laid out as its output buffer: the members' views read it as they would that
-// buffer) by the whole block, before any warp's dot products; its reductions as row_kernel's passes. Appends its
-// arguments (parameter slice PP, inputs PI<k>) to `sig`.
-std::string Generator::group_prologue(size_t step, std::string& sig) {
+// A group's prologue (core/schedule.h's Group::prologue): a row program of the factored form (row_factors) computing
+// the activations. Its row is the one at the activations' offset `oa` (the runtime checks that the members read
+// whole rows of its output, and that its inputs' rows are aligned, contiguous runs: 8-element loads); each lane
+// evaluates the k-wise registers at its elements, the product of the k-wise factors going into the dot products
+// and the Reduce operands into the lane's sums; after the loop the warp's sums give the row scalar.
+ActRow Generator::group_prologue(size_t step) {
   const luminal::Step& cs = mod_.sched.steps[step];
   const Step& st = mod_.steps[step];
   const Node& n = g_.node(cs.node);
   const Program& prog = *cs.program;
-  bool dbl = double_registers(prog, n);
-  std::string T = dbl ? "double" : "float";
+  std::optional<RowFactors> f = row_factors(prog);
+  if (!f) throw std::logic_error("CUDA codegen: a group prologue not of the factored form");
   int R = st.views[0].rank;
-  std::vector<std::string> idx = names("i", 0, R);
-  auto body_of = [&](const std::vector<char>& need, size_t skip) {
-    return program_body(prog, st, n, T, dbl, idx, need, skip);
+  std::vector<char> kw(prog.code.size(), 0), sc(prog.code.size(), 0);  // the k-wise and the scalar registers
+  auto add = [&](std::vector<char>& need, int r) {
+    std::vector<char> m = prog.needed_for(size_t(r));
+    for (size_t i = 0; i < m.size(); ++i) need[i] |= m[i];
   };
-  std::string j = "i" + std::to_string(R - 1);
-  size_t last = prog.code.size() - 1;
-  Text t;
-  sig += ", const i64* __restrict__ PP";
-  t << "  extern __shared__ __align__(16) float xs_[];\n  __shared__ " << T << " part_[32];\n  {\n  const i64* p = PP;\n";
-  for (size_t q = 0; q < n.inputs.size(); ++q) {
-    sig += ", const void* __restrict__ PI" + std::to_string(q);
-    t << "  const void* in" << int(q) << " = PI" << int(q) << ";\n";
+  for (int r : f->part) add(kw, r);
+  for (int r : f->sums) add(kw, prog.code[size_t(r)].a);
+  for (int r : f->scalar) {
+    if (prog.code[size_t(r)].kind == Instr::Reduce) sc[size_t(r)] = 1;  // (a sum itself: its operand is k-wise)
+    else add(sc, r);
   }
-  t << "  for (i64 row = 0; row < p[1]; ++row) {\n" << unravel(st.views[0], 0, R - 1, "row")
-    << row_reductions(prog, R, T, dbl, body_of, "part_")
-    << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-    << body_of(prog.needed_for(last), size_t(-1)) << "    xs_[row * p[2] + " << j << "] = (float)rd_"
-    << dtype_name(n.dtype) << "<" << T << ">(r" << int(last) << ");\n    }\n  }\n  }\n  __syncthreads();\n";
-  return t.str();
+  std::vector<std::pair<int, int>> sums;  // (Reduce register, its operand)
+  for (int r : f->sums) sums.push_back({r, prog.code[size_t(r)].a});
+  std::map<int, std::string> given;
+  for (size_t i = 0; i < prog.code.size(); ++i)
+    if (kw[i] && prog.code[i].kind == Instr::Load) given[prog.code[i].input] = "x" + std::to_string(prog.code[i].input) + "_[e]";
+  ActRow a;
+  Text init;
+  init << "    i64 po_[" << int(std::max<size_t>(1, n.inputs.size())) << "];\n    { const i64* p = PP; i64 prow = oa / p[2];\n"
+       << unravel(st.views[0], 0, R - 1, "prow");
+  std::vector<std::string> idx = names("i", 0, R - 1);
+  idx.push_back("0");
+  for (size_t q = 0; q < n.inputs.size(); ++q) {
+    a.sig += ", const void* __restrict__ PI" + std::to_string(q);
+    init << "    po_[" << int(q) << "] = " << ViewText{st.views[q]}.offset(idx) << ";\n";
+  }
+  a.sig = ", const i64* __restrict__ PP" + a.sig;
+  init << "    }\n";
+  for (int r : f->sums) init << "    float s" << r << "_ = 0.0f;\n";
+  a.init = init.str();
+  std::string body = program_body(prog, st, n, "float", false, {}, kw, size_t(-1), given);
+  std::string prod;
+  for (int r : f->part) prod += (prod.empty() ? "r" : " * r") + std::to_string(r);
+  a.load = [this, &n, given, body, prod, sums](const std::string& at, const std::string& dst) {
+    Text t;
+    t << "          {\n";
+    for (auto& [q, x] : given)
+      t << "          float x" << q << "_[8];\n          ld8_" << dtype_name(storage(n.inputs[size_t(q)].node)) << "(PI" << q
+        << ", po_[" << q << "] + " << at << ", x" << q << "_);\n";
+    t << "#pragma unroll\n          for (int e = 0; e < 8; ++e) {\n" << body << "          " << dst << "[e] = " << prod << ";\n";
+    for (auto [r, o] : sums) t << "          s" << r << "_ += r" << o << ";\n";
+    t << "          }\n          }\n";
+    return t.str();
+  };
+  Text fin;
+  for (int r : f->sums) fin << "    float k" << r << " = rd_float32<float>(warp_sum(s" << r << "_));\n";
+  fin << program_body(prog, st, n, "float", false, {}, sc, size_t(-1));
+  std::string scale;
+  for (int r : f->scalar) scale += (scale.empty() ? "r" : " * r") + std::to_string(r);
+  fin << "    float scale_ = " << scale << ";\n";
+  a.finish = fin.str();
+  return a;
 }
 
 template <class Members, class Epilogue>
@@ -2304,12 +2358,19 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   const std::vector<Step>& steps = mod_.steps;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   Text sig, esig, k;  // the members' arguments, then the epilogues'
-  sig << "extern \"C\" __global__ __launch_bounds__(256) void NAME(const i64* __restrict__ p, int* __restrict__ err, "
+  // With a prologue each lane holds the part's inputs' loads too (more registers, fewer resident blocks):
+  // LUMINAL_CUDA_PROLOGUE_BLOCKS=n asks the compiler to fit n blocks on a multiprocessor (to compare).
+  std::string bounds = "256";
+  const char* mb = std::getenv("LUMINAL_CUDA_PROLOGUE_BLOCKS");
+  if (prologue >= 0 && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
+  sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
   std::vector<std::string> rows;
   std::vector<char> pairs;
-  Text body, pre;  // pre: the Q8_0 weight rows of a warp's first row, prefetched (see below)
+  Text body, pre;  // pre: the weight rows of a warp's first row, prefetched (see below)
+  ActRow pro;
+  if (prologue >= 0) pro = group_prologue(size_t(prologue));
   for (size_t u = 0; u < nunits; ++u) {
     std::vector<size_t> ms = members_of(u);
     long f = epilogue_of(u);
@@ -2334,7 +2395,13 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     pre << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     if (pair) pre << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
     for (int j = 0; j < c; ++j) {
-      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) continue;
+      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) {
+        size_t bytes = dtype_size(storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node));
+        pre << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r")
+            << "    prefetch_l2(W" << m0 + j << ", (" << ViewText{steps[ms[size_t(j)]].views[1]}.offset(idx) << ") * " << int(bytes)
+            << ", p[2] * " << int(bytes) << ", lane); }\n";
+        continue;
+      }
       for (int half = 0; half < (pair ? 2 : 1); ++half)
         pre << "    { const i64* p = P" << m0 + j << ";" << (half ? " i64 r = rq;\n" : "\n")
             << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r") << "    prefetch_l2(W" << m0 + j << ", "
@@ -2362,9 +2429,12 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     for (int j = 0; pair && j < c; ++j)
       ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
                     "acc" + std::to_string(m0 + j) + "_1", true});
-    // (with a prologue, the activations from shared memory)
-    body << "    i64 K = P" << m0 << "[2];\n" << (prologue >= 0 ? dot_rows(DType::F32, "xs_", "oa", ws, U) : dot_rows(as, "a_", "oa", ws, U))
-         << "    if (lane == 0) {\n";
+    // (with a prologue, the activations computed in the loop, then the products scaled by the row's scalar)
+    body << "    i64 K = P" << m0 << "[2];\n" << pro.init << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr)
+         << pro.finish;
+    if (prologue >= 0)
+      for (auto& w : ws) body << "    " << w.acc << " *= scale_;\n";
+    body << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
         body << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
@@ -2398,19 +2468,15 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     }
     body << "    }\n";
   }
-  std::string psig, pro = prologue >= 0 ? group_prologue(size_t(prologue), psig) : "";
-  k << sig.str() << esig.str() << psig << ") {\n";
-  // With Q8_0 members, before waiting for the kernels before (pdl_start, which then goes here): the packed rows of
-  // the warp's first row (rows) prefetched into L2, so that their loads start during the tail of the kernel before
-  // (weights depend on no kernel; the parameter block is written before the run). (No return before it: the
-  // kernel after this one waits for this one only.)
-  bool q8 = pre.str().find("prefetch_l2") != std::string::npos;
-  if (q8) {
-    k << "  {\n  int lane = threadIdx.x & 31;\n";
-    for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
-    k << "  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n" << pre.str() << "    }\n  }\n  pdl_start();\n";
-  }
-  k << pro << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  k << sig.str() << esig.str() << pro.sig << ") {\n";
+  // Before waiting for the kernels before (pdl_start, which then goes here): the weight rows (packed rows) of the
+  // warp's first row prefetched into L2, so that their loads start during the tail of the kernel before (weights
+  // depend on no kernel, and L2 is coherent anyway; the parameter block is written before the run). (No return
+  // before it: the kernel after this one waits for this one only.)
+  k << "  {\n  int lane = threadIdx.x & 31;\n";
+  for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
+  k << "  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n" << pre.str() << "    }\n  }\n  pdl_start();\n";
+  k << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);

@@ -1238,39 +1238,54 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     int64_t n = L_.items[G.members[G.units[k]]];
     rows += k < s_.group_pairs[g].size() && s_.group_pairs[g][k] ? (n + 1) / 2 : n;
   }
-  if (G.prologue < 0) {
-    launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
-  } else {
-    // The prologue's parameter slice and inputs; its rows in shared memory. Each block computes them once, so the
-    // grid is at most a few blocks per multiprocessor (their warps loop over the rows).
+  if (G.prologue >= 0) {  // the prologue's parameter slice and inputs (its rows are computed in the dot loops)
     size_t pro = size_t(G.prologue);
     args.push_back(slot(pro));
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
-    int64_t blocks = (rows * 32 + 255) / 256, pow2 = 1;
-    while (pow2 < blocks) pow2 <<= 1;
-    unsigned grid[3] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(pow2, int64_t(sms_) * 8))), 1, 1};
-    launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256, unsigned(prologue_bytes(pro)));
   }
+  launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
   for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
   return true;
 }
 
-// The bytes of a group prologue's rows (float, as its output buffer).
-size_t Runtime::prologue_bytes(size_t step) const {
-  const int64_t* p = L_.params.data() + L_.slot[step];
-  return size_t(std::max<int64_t>(p[1], 0) * std::max<int64_t>(p[2], 0)) * sizeof(float);
+// Whether group g's kernel may compute its prologue (codegen's group_prologue): each unit's activations are whole
+// rows of the prologue's output (its row length K, offset and row strides multiples of K, elements contiguous), and
+// every input of the prologue is read in aligned runs of 8 contiguous elements along the row.
+bool Runtime::prologue_fits(size_t g) const {
+  const Group& G = s_.sched.groups[g];
+  size_t pro = size_t(G.prologue);
+  const int64_t* pp = L_.params.data() + L_.slot[pro];
+  int64_t K = pp[2];
+  if (K <= 0 || K % 8) return false;
+  auto view = [&](size_t i, size_t k, int64_t mult, int64_t* last_stride) {
+    const ViewSlot& v = s_.steps[i].views[k];
+    const int64_t* p = L_.params.data() + L_.slot[i] + v.base;
+    if (v.masked || v.rank < 1 || p[0] % mult) return false;
+    for (int d = 0; d + 1 < v.rank; ++d)
+      if (p[2 + v.rank + d] % mult) return false;
+    *last_stride = p[2 + 2 * v.rank - 1];
+    return true;
+  };
+  int64_t ls = 0;
+  for (size_t u : G.units) {
+    size_t m = G.members[u];
+    if (L_.params[L_.slot[m] + 2] != K || !view(m, 0, K, &ls) || ls != 1) return false;
+  }
+  for (size_t q = 0; q < g_.node(core(pro).node).inputs.size(); ++q)
+    if (!view(pro, q, 8, &ls) || ls != 1) return false;
+  return true;
 }
 
-// Whether MatVec group g runs as its kernel: every member on the matrix-vector path, and its prologue's rows (if it
-// has one) within the 48 KB of shared memory a kernel has without asking (a decode step's one row of activations).
-// Otherwise its steps run one by one, the prologue's step included.
+// Whether MatVec group g runs as its kernel: every member on the matrix-vector path, and its prologue (if it has
+// one) of a shape the kernel computes (prologue_fits). Otherwise its steps run one by one, the prologue's step
+// included.
 bool Runtime::group_runs(size_t g) const {
   const Group& G = s_.sched.groups[g];
   for (size_t m : G.members) {
     Variant::Kind k = s_.steps[m].variants[L_.variant[m]].kind;
     if (k != Variant::MatVec && k != Variant::QRows) return false;  // (QRows: a Q8_0 member)
   }
-  return G.prologue < 0 || prologue_bytes(size_t(G.prologue)) <= 48 * 1024;
+  return G.prologue < 0 || prologue_fits(g);
 }
 
 void Runtime::drop_plan() {

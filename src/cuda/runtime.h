@@ -156,7 +156,7 @@ class Runtime {
   template <class OutOf, class InPlace>
   bool launch_group(size_t g, const OutOf& out_of, const InPlace& in_place_of, std::vector<char>& done);
   bool group_runs(size_t g) const;
-  size_t prologue_bytes(size_t step) const;
+  bool prologue_fits(size_t g) const;
   std::unordered_map<int64_t, DeviceArray> owned_;  // this run's own allocations (outputs), and arrays updated in place
   std::vector<char> done_;                // per step this run: computed already (by its group's kernel)
   std::vector<CUdeviceptr> group_args_;
