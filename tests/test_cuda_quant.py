@@ -341,23 +341,7 @@ def test_q8_rows_alone(backend, n, layout, kernel, rng, monkeypatch, capfd):
 
 
 # (what the qrows kernels need beyond cuda_host's prelude; the weight words' loads checked against their buffer)
-QROWS_HOST = r"""
-inline float __uint_as_float(unsigned u) { return bits_f32(u); }
-inline unsigned __funnelshift_rc(unsigned lo, unsigned hi, unsigned s) {
-  return unsigned(((unsigned long long)hi << 32 | lo) >> (s > 32 ? 32 : s));
-}
-template <class T> T __shfl_sync(unsigned, T v, int src) {
-  int t = threadIdx.x;
-  xbuf[t] = double(v);
-  wbar[t / 32].wait();
-  T r = T(xbuf[(t & ~31) + src]);
-  wbar[t / 32].wait();
-  return r;
-}
-inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
-inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
-template <class T> T rd_float32(T v) { return (T)(float)v; }
-inline float __fmul_rn(float a, float b) { return a * b; }
+QROWS_HOST = cuda_host.MATVEC + r"""
 inline float op_exp2(float x) { return std::exp2(x); }
 static std::vector<std::vector<char>*> packed;  // the packed weights' buffers
 template <class T> T checked(const T* p) {
