@@ -488,8 +488,7 @@ def test_attention_16bit_cache(backend, rng, case, kv_dtype, dtype):
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol, err_msg=f"{case} {rng}")
 
 
-@pytest.mark.parametrize("case,kv_dtype,warps", [("causal", "bfloat16", 8), ("middle", "bfloat16", 4),
-                                                 ("causal-gqa-offset", "float16", 8)])
+@pytest.mark.parametrize("case,kv_dtype,warps", [("causal", "bfloat16", 8), ("middle", "float16", 4)])
 def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, warps, tmp_path, monkeypatch):
     """flash-mma-skip over a 16-bit cache on the host: the two-stage pipeline (the next live tile's cp.async copies
     issued before this tile's products; here plain copies), the zero-filled rows past the keys, the skipped tiles,
