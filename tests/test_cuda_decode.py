@@ -1,4 +1,4 @@
-"""Fewer kernels per decode step on the GPU: a row program of the factored form (RMSNorm: a k-wise part times a row
+"""Fewer kernels per decode step on the GPU: with LUMINAL_CUDA_PROLOGUE=1 (off by default), a row program of the factored form (RMSNorm: a k-wise part times a row
 scalar made of the row's sums) that only a matrix-vector group reads is that group's prologue (the group's kernel
 computes the part where it loads the activations, the sums in the same loop, and scales each dot product by the
 scalar; the norm's own kernel does not run), and the flash-decode kernel merges its key ranges itself (the last
@@ -22,6 +22,11 @@ from luminal.quant import QuantizedWeight, dequantize
 
 gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
 
+
+@pytest.fixture(autouse=True)
+def _prologues(monkeypatch):
+    """Norm prologues are off by default (LUMINAL_CUDA_PROLOGUE=1 turns them on): this module tests them."""
+    monkeypatch.setenv("LUMINAL_CUDA_PROLOGUE", "1")
 
 def _rms(x, w, eps):
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)
@@ -91,8 +96,9 @@ def test_norm_is_the_prologue_of_the_products_reading_it(backend, tokens, k, rng
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
     """Q8_0 products (a warp per two rows, QRows) and a float one after an RMSNorm: one group with the norm as its
-    prologue, the products scaled by the row's scalar. 96: three Q8_0 blocks, a partial step of the dot loop."""
-    backend, k = cuda_backend, 96
+    prologue, the products scaled by the row's scalar. 192: six Q8_0 blocks (rows of whole 4-byte words, which QRows
+    needs: with 96 the H100 ran the steps one by one), a partial step of the dot loop."""
+    backend, k = cuda_backend, 192
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")

@@ -850,13 +850,8 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
-    // Before waiting for the kernel before (pdl_start): the warp's first weight row prefetched into L2 (a hint; L2
-    // is coherent, so a right operand that kernel writes is still read correctly after the wait).
-    int bb = int(dtype_size(bs));
     k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
       << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
-      << "  { i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n  if (row < p[1]) {\n" << unravel(av, 0, R - 1, "row")
-      << "    prefetch_l2(in1, (" << ViewText{bv}.offset(idx) << ") * " << bb << ", K * " << bb << ", lane);\n  } }\n  pdl_start();\n"
       << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
       << unravel(av, 0, R - 1, "row")
       << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
@@ -2395,13 +2390,8 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     pre << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     if (pair) pre << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
     for (int j = 0; j < c; ++j) {
-      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) {
-        size_t bytes = dtype_size(storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node));
-        pre << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r")
-            << "    prefetch_l2(W" << m0 + j << ", (" << ViewText{steps[ms[size_t(j)]].views[1]}.offset(idx) << ") * " << int(bytes)
-            << ", p[2] * " << int(bytes) << ", lane); }\n";
-        continue;
-      }
+      // (Float members are not prefetched: with their rows prefetched too the H100's 8B decode ran slower.)
+      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) continue;
       for (int half = 0; half < (pair ? 2 : 1); ++half)
         pre << "    { const i64* p = P" << m0 + j << ";" << (half ? " i64 r = rq;\n" : "\n")
             << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r") << "    prefetch_l2(W" << m0 + j << ", "
@@ -2518,8 +2508,10 @@ std::string Generator::batch_kernel(const Group& G) {
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
   ScheduleOptions so{compute_, /*groups=*/true, host_fallback_};
-  const char* pe = std::getenv("LUMINAL_CUDA_PROLOGUE");  // 0: row programs before products run on their own
-  so.prologues = !(pe && std::string(pe) == "0");
+  // LUMINAL_CUDA_PROLOGUE=1: norms computed by the matrix-vector groups that read them. Off by default: on the H100
+  // it cut the 8B decode step's launches by a quarter but ran slower (the prologue groups' registers).
+  const char* pe = std::getenv("LUMINAL_CUDA_PROLOGUE");
+  so.prologues = pe && std::string(pe) == "1";
   mod_.sched = make_schedule(g_, so);
   mod_.compute = compute_;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
