@@ -395,3 +395,21 @@ def random_quant_blocks(gen, qtype, rows, cols):
             raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), packed], -1)
             vals = d.astype(np.float32)[..., None] * q.astype(np.float32) + m.astype(np.float32)[..., None]
     return raw.reshape(rows, -1), vals.reshape(rows, cols)
+
+
+def tiny_llama_sessions(rng, compiler_lists, n_layers: int = 2, **session_kw) -> list:
+    """Sessions over one tiny Llama's random weights (the same values in each), one per list of backend compilers
+    (each after GenericCompiler): to compare backends or settings step by step."""
+    from luminal.nn import Llama, LlamaConfig, Session
+
+    cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=16)
+    weights, sessions = None, []
+    for comps in compiler_lists:
+        model = Llama(cfg)
+        if weights is None:
+            weights = {n: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
+                       for n, p in model.named_parameters()}
+        for n, p in model.named_parameters():
+            p.set(weights[n])
+        sessions.append(Session(model, [lm.GenericCompiler(), *comps], **session_kw))
+    return sessions

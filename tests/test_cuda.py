@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from helpers import needs_cuda, needs_nvrtc, random_quant_blocks
+from helpers import needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
 
 PY = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal: a checkout's or the installed one
 
@@ -447,21 +447,9 @@ def test_donated_scatter_writes_rows_in_place(rng):
 def test_llama_decode_steps_match_the_cpu(graphs, rng, monkeypatch):
     """A decode loop on the GPU (KV caches updated in place, the capacity doubling twice, CUDA graphs on and off)
     gives the CPU backend's logits at every step."""
-    from luminal.nn import Llama, LlamaConfig, Session
-
     monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", graphs)
-    cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16)
-    weights = None
-    sessions = []
-    for comps in ([lm.CPUCompiler()], [lm.CudaCompiler("float32")]):
-        model = Llama(cfg)
-        if weights is None:
-            weights = {n: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
-                       for n, p in model.named_parameters()}
-        for n, p in model.named_parameters():
-            p.set(weights[n])
-        sessions.append(Session(model, [lm.GenericCompiler()] + comps, capacity=4))
-    ids = rng.integers(0, cfg.vocab_size, (20,))
+    sessions = tiny_llama_sessions(rng, ([lm.CPUCompiler()], [lm.CudaCompiler("float32")]), capacity=4)
+    ids = rng.integers(0, sessions[0].model.config.vocab_size, (20,))
     for s in sessions:
         s.reset()
     steps = [ids[:3]] + [ids[i:i + 1] for i in range(3, 20)]

@@ -17,7 +17,7 @@ import torch
 import cuda_host
 import luminal as lm
 import luminal.nn.functional as F
-from helpers import needs_cuda, needs_nvrtc, random_quant_blocks
+from helpers import needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
 from luminal.quant import QuantizedWeight, dequantize
 
 gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
@@ -170,22 +170,11 @@ def test_llama_decode_layer_kernel_count(monkeypatch):
 def test_llama_decode_launches_per_layer(graphs, rng, monkeypatch):
     """On the GPU, a decode step launches 6 kernels per layer (see above), and the logits match the CPU backend's
     at every step, with CUDA graphs on and off."""
-    from luminal.nn import Llama, LlamaConfig, Session
-
     monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", graphs)
     counts = {}
     for n_layers in (2, 3):
-        cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=16)
-        weights, sessions = None, []
-        for comps in ([lm.CPUCompiler()], [lm.CudaCompiler("float32")]):
-            model = Llama(cfg)
-            if weights is None:
-                weights = {n: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
-                           for n, p in model.named_parameters()}
-            for n, p in model.named_parameters():
-                p.set(weights[n])
-            sessions.append(Session(model, [lm.GenericCompiler()] + comps, capacity=4))
-        ids = rng.integers(0, cfg.vocab_size, (12,))
+        sessions = tiny_llama_sessions(rng, ([lm.CPUCompiler()], [lm.CudaCompiler("float32")]), n_layers, capacity=4)
+        ids = rng.integers(0, sessions[0].model.config.vocab_size, (12,))
         for s in sessions:
             s.reset()
         outs = [[s.step(ids[:3]) for s in sessions]]

@@ -18,7 +18,7 @@ import torch
 
 import cuda_host
 import luminal as lm
-from helpers import NVRTC_CHECK, Backend, check, needs_cuda, needs_nvrtc
+from helpers import NVRTC_CHECK, Backend, check, needs_cuda, needs_nvrtc, tiny_llama_sessions
 
 
 def _linear(x, w):
@@ -567,24 +567,13 @@ def test_llama_batched_decode_fused(graphs, rng, monkeypatch, capfd):
     """A tiny Llama, 4 sequences (a prompt, then decode steps of 4 rows) with cuBLASLt forced: the residual adds
     computed by its products, its calls captured into the chunks, give the logits of the same model run with both
     off (LUMINAL_CUDA_BLAS_EPILOGUE=0, LUMINAL_CUDA_BLAS_GRAPHS=0) at every step."""
-    from luminal.nn import Llama, LlamaConfig, Session
-
     if needs_cuda():
         pytest.skip(needs_cuda())
     if not lm.cuda.cublas_available()[0]:
         pytest.skip(lm.cuda.cublas_available()[1].splitlines()[0])
     monkeypatch.setenv("LUMINAL_CUDA_GEMM", "cublas")
-    cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16)
-    weights, sessions = None, []
-    for _ in range(2):
-        model = Llama(cfg)
-        if weights is None:
-            weights = {nm: rng.data(tuple(int(d) for d in p.shape)).astype(np.float32) * 0.3
-                       for nm, p in model.named_parameters()}
-        for nm, p in model.named_parameters():
-            p.set(weights[nm])
-        sessions.append(Session(model, [lm.GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=4, batch=4))
-    ids = rng.integers(0, cfg.vocab_size, (4, 12))
+    sessions = tiny_llama_sessions(rng, [[lm.CudaCompiler("bfloat16")]] * 2, capacity=4, batch=4)
+    ids = rng.integers(0, sessions[0].model.config.vocab_size, (4, 12))
     steps = [ids[:, :5]] + [ids[:, i:i + 1] for i in range(5, 12)]
     for j, tok in enumerate(steps):
         got = []
