@@ -338,6 +338,13 @@ void per_row(const std::vector<KernelArg>& args, const std::vector<KernelArg>& p
   const bool k16 = k.buf->dtype != DType::F32, v16 = v.buf->dtype != DType::F32;
   parallel_for(rows, T * (2 * D + N + int64_t(plan.prog.code.size())), [&](int64_t r0, int64_t r1) {
     thread_local std::vector<float> s, p, kw, vw;
+    // rows x cols of a 16-bit operand (element (i, j) at o + i * si + j * sj) as float32, row-major, into dst
+    auto widen = [](const auto& x, int64_t o, int64_t rows, int64_t cols, int64_t si, int64_t sj, std::vector<float>& dst) {
+      dst.resize(size_t(rows * cols));
+      const void* src = x.buf->data.get();
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) dst[size_t(i * cols + j)] = float(load_as_double(src, o + i * si + j * sj, x.buf->dtype));
+    };
     s.resize(T);
     p.resize(T);
     for (int64_t r = r0; r < r1; ++r) {
@@ -345,11 +352,7 @@ void per_row(const std::vector<KernelArg>& args, const std::vector<KernelArg>& p
       // A 16-bit k or v: this row's (T, D) keys and (N, T) values as float32, read through the same strides.
       int64_t sk_n = skn, sk_d = skd, sv_n = svn, sv_t = svt;
       if (k16) {
-        kw.resize(size_t(T * D));
-        int64_t o = outer_offset(vk, r, 2);
-        const void* src = k.buf->data.get();
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t d = 0; d < D; ++d) kw[t * D + d] = float(load_as_double(src, o + t * skn + d * skd, k.buf->dtype));
+        widen(k, outer_offset(vk, r, 2), T, D, skn, skd, kw);
         kb = kw.data(), sk_n = D, sk_d = 1;
       }
       if (sqn == 0 && sqd == 1 && sk_d == 1) {  // one query row against every key (the query broadcast over keys)
@@ -368,11 +371,7 @@ void per_row(const std::vector<KernelArg>& args, const std::vector<KernelArg>& p
       eval_program_row(plan.prog, pargs, r, T, plan.scores, s.data(), p.data());
       const float* vb = pv + outer_offset(vv, r, 2);  // element (n, t) at vb[n * svn + t * svt]
       if (v16) {
-        vw.resize(size_t(T * N));
-        int64_t o = outer_offset(vv, r, 2);
-        const void* src = v.buf->data.get();
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t n = 0; n < N; ++n) vw[t * N + n] = float(load_as_double(src, o + n * svn + t * svt, v.buf->dtype));
+        widen(v, outer_offset(vv, r, 2), T, N, svt, svn, vw);
         vb = vw.data(), sv_n = 1, sv_t = N;
       }
       float* o = po + r * N;
