@@ -327,6 +327,22 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
 // window starts into its first word). (The last word may reach 2 bytes past the quants: the runtime checks the
 // buffer is whole words.) Every lane runs every step (the shuffles need the whole warp): whole steps unchecked,
 // then one checked step for a K that is not a multiple of 256 U.
+// A matrix-vector kernel: a warp per output row (of the parameter slice's p[1]), over the activations' view `av`
+// (inputs in0, in1); `w`'s row starts where its `off` says (in the row's indices i0...), lane 0 stores the dot.
+std::string warp_rows_kernel(const ViewSlot& av, DType as, const DotOperand& w, DType out) {
+  int R = av.rank;
+  std::vector<std::string> idx = names("i", 0, R - 1);
+  idx.push_back("0");
+  Text k;
+  k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
+    << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
+    << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
+    << unravel(av, 0, R - 1, "row") << "    i64 oa = " << ViewText{av}.offset(idx) << ", " << w.off << ";\n"
+    << dot_rows(as, "in0", "oa", {{w.storage, "in1", "ob", "acc", w.q8}}, 4)
+    << "    if (lane == 0) st_" << dtype_name(out) << "(out, row, acc);\n  }\n}\n";
+  return k.str();
+}
+
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act) {
   Text t;
@@ -847,17 +863,9 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
   // right operand (the weights of a Linear: read once, never again in this step) is streamed past L1
   // (ld.global.nc.L1::no_allocate) so that the activations, which every warp re-reads, stay there.
   {
-    Text k;
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
-    k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
-      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
-      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
-      << unravel(av, 0, R - 1, "row")
-      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{bv}.offset(idx) << ";\n"
-      << dot_rows(as, "in0", "oa", {{bs, "in1", "ob", "acc"}}, 4)
-      << "    if (lane == 0) st_" << od << "(out, row, acc);\n  }\n}\n";
-    gemv = add_kernel(k.str());
+    gemv = add_kernel(warp_rows_kernel(av, as, {bs, "", "ob = " + ViewText{bv}.offset(idx), ""}, n.dtype));
   }
   auto finish = [&](std::vector<Variant> fast) {
     fast.push_back({Variant::MatVec, gemv});
@@ -1533,17 +1541,8 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   if (bb == 34 && m == 1) {
     // QRows: a warp per output through dot_rows, as a MatVec group's Q8_0 member computes it (the group kernel
     // reads the same parameter slice)
-    Text k;
-    std::vector<std::string> idx = names("i", 0, R - 1);
-    idx.push_back("0");
-    k << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
-      << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
-      << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
-      << unravel(av, 0, R - 1, "row")
-      << "    i64 oa = " << ViewText{av}.offset(idx) << ", ob = " << ViewText{st.views[1]}.offset({idx[size_t(R - 2)], "0"})
-      << ";\n" << dot_rows(as, "in0", "oa", {{DType::U8, "in1", "ob", "acc", true}}, 4)
-      << "    if (lane == 0) st_" << dtype_name(n.dtype) << "(out, row, acc);\n  }\n}\n";
-    st.variants.push_back({Variant::QRows, add_kernel(k.str())});
+    std::string ob = "ob = " + ViewText{st.views[1]}.offset({"i" + std::to_string(R - 2), "0"});
+    st.variants.push_back({Variant::QRows, add_kernel(warp_rows_kernel(av, as, {DType::U8, "", ob, "", true}, n.dtype))});
   }
   if (bb == 34) {
     st.prep_fn = q8_quantize(st, n);  // (QDot's first kernel)

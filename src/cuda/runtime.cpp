@@ -147,14 +147,16 @@ void reserve_pinned(void*& host, size_t& bytes, size_t need, size_t floor = 0) {
   bytes = want;
 }
 
+CUstream nonblocking_stream() {
+  CUstream st = nullptr;
+  check(driver().cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
+  return st;
+}
+
 // Reads of a finished run's results go through this stream: it does not wait for the runs queued after it, as the
 // default stream would (a non-blocking stream does not synchronise with the legacy default stream).
 CUstream read_stream() {
-  static CUstream s = [] {
-    CUstream st = nullptr;
-    check(driver().cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
-    return st;
-  }();
+  static CUstream s = nonblocking_stream();
   return s;
 }
 
@@ -798,11 +800,7 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
 namespace {
 // A stream that only records: cuBLASLt's calls are captured on it into graphs (never run there).
 CUstream capture_stream() {
-  static CUstream s = [] {
-    CUstream st = nullptr;
-    check(driver().cuStreamCreate(&st, 1 /* CU_STREAM_NON_BLOCKING */), "cuStreamCreate");
-    return st;
-  }();
+  static CUstream s = nonblocking_stream();
   return s;
 }
 
