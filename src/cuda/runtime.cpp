@@ -816,27 +816,27 @@ bool row_major(const ConcreteView& v) {
 
 // Whether cuBLASLt computes step i's product straight into the Add that is its only reader (Step::add_epilogue):
 // out = a.b + c with the Add's other operand as c and the Add's buffer as out (the Add then does not run). Returns
-// that Add's node, or -1: not this run (timing, LUMINAL_CUDA_BLAS_EPILOGUE=0, a 16-bit product), c not computed by
+// that Add's node and the pointer it adds (C), or no node: not this run (timing, LUMINAL_CUDA_BLAS_EPILOGUE=0, a 16-bit product), c not computed by
 // now, steps between the two that might use the Add's memory (only within one group is it kept apart from them by
 // the plan), or the Add's buffer over an operand that cuBLASLt reads in place or partly over c.
-int64_t Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
+Runtime::BlasAdd Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
   int64_t id = core(i).node, add = core(i).add_epilogue;
-  if (add < 0 || timing_ || L_.blas[i].out != DType::F32 || env_zero("LUMINAL_CUDA_BLAS_EPILOGUE")) return -1;
+  if (add < 0 || timing_ || L_.blas[i].out != DType::F32 || env_zero("LUMINAL_CUDA_BLAS_EPILOGUE")) return {};
   int64_t as = plan_.step_of(add);
   if (as <= int64_t(i) || done_[size_t(as)] || core(size_t(as)).kind != luminal::Step::Kernel || plan_.identity(size_t(as)))
-    return -1;
+    return {};
   bool grouped = core(i).group >= 0 && core(i).group == core(size_t(as)).group;
   for (size_t k = i + 1; k < size_t(as) && !grouped; ++k)
-    if (core(k).kind != luminal::Step::Input && core(k).kind != luminal::Step::Constant) return -1;
+    if (core(k).kind != luminal::Step::Input && core(k).kind != luminal::Step::Constant) return {};
   const Node& an = g_.node(add);
   size_t e = an.inputs[0].node == id ? 1 : 0;
   int64_t cn = an.inputs[e].node;
   const ConcreteView &cv = plan_.views(size_t(as))[e], &pv = plan_.views(size_t(as))[1 - e];
   if (plan_.step_of(cn) < 0 || plan_.step_of(cn) >= int64_t(i) || !ptr_[size_t(cn)] || !row_major(cv) ||
       !row_major(pv) || pv.offset || plan_.shape(add) != plan_.shape(id) || cv.shape != plan_.shape(add))
-    return -1;
+    return {};
   Plan::Home h = plan_.home(add);
-  if (h != Plan::Home::Arena && h != Plan::Home::Fresh) return -1;
+  if (h != Plan::Home::Arena && h != Plan::Home::Fresh) return {};
   size_t bytes = size_t(numel_of(plan_.shape(add))) * sizeof(float);
   CUdeviceptr c = ptr_[size_t(cn)] + CUdeviceptr(cv.offset) * sizeof(float);
   CUdeviceptr d = h == Plan::Home::Arena ? arena_->ptr + plan_.offset(add) : 0;  // (a fresh buffer is apart)
@@ -844,15 +844,15 @@ int64_t Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
   auto buffer = [&](int64_t node) {
     return std::make_pair(ptr_[size_t(node)], size_t(plan_.numel(node)) * dtype_size(s_.storage()[size_t(node)]));
   };
-  if (d != c && !apart(d, bytes, c, bytes)) return -1;
-  if (!apart(ptrs[0], bytes, c, bytes)) return -1;  // (the product's own buffer: where the first call times)
+  if (d != c && !apart(d, bytes, c, bytes)) return {};
+  if (!apart(ptrs[0], bytes, c, bytes)) return {};  // (the product's own buffer: where the first call times)
   const Node& n = g_.node(id);
   for (size_t k = 0; k < 2; ++k) {
     auto [p, pn] = buffer(n.inputs[k].node);
-    if (!apart(ptrs[0], bytes, p, pn)) return -1;
-    if (!(k ? L_.blas[i].b.copy : L_.blas[i].a.copy) && !apart(d, bytes, p, pn)) return -1;
+    if (!apart(ptrs[0], bytes, p, pn)) return {};
+    if (!(k ? L_.blas[i].b.copy : L_.blas[i].a.copy) && !apart(d, bytes, p, pn)) return {};
   }
-  return add;
+  return {add, c};
 }
 
 // A GEMM variant of step i: our kernel, recorded like any launch; or cuBLASLt. Its call is captured into a graph
@@ -860,7 +860,7 @@ int64_t Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
 // algorithms and compile its copy kernels: work that no capture may hold), and every call where capture is off
 // (LUMINAL_CUDA_BLAS_GRAPHS=0, an older driver), replays the launches recorded so far first (their chunk ends
 // there), then runs on the same stream.
-void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, int64_t add) {
+void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, BlasAdd add) {
   int64_t id = core(i).node;
   if (v.kind == Variant::MatVec) {  // (a candidate for few rows: its grid as in any run)
     launch(v.fn, id, L_.slot[i], L_.items[i], true, ptrs);
@@ -878,16 +878,9 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     blas_ws_.reset();  // (queued work that still uses it runs first: one stream)
     blas_ws_ = device_alloc(g.ws_bytes);
   }
-  // Accumulating into the Add's buffer: c its other operand, and the product's own buffer for timing.
-  CUdeviceptr c = 0, out = ptrs[0];
-  if (add >= 0) {
-    const Node& an = g_.node(add);
-    int64_t cn = an.inputs[an.inputs[0].node == id ? 1 : 0].node;
-    const ConcreteView& cv = plan_.views(size_t(plan_.step_of(add)))[an.inputs[0].node == id ? 1 : 0];
-    c = ptr_[size_t(cn)] + CUdeviceptr(cv.offset) * sizeof(float);
-    out = ptr_[size_t(add)];
-  }
-  CUdeviceptr scratch = add >= 0 ? ptrs[0] : 0;
+  // Accumulating into the Add's buffer, c its other operand; the product's own buffer then for timing only.
+  CUdeviceptr c = add.c, out = add.node >= 0 ? ptr_[size_t(add.node)] : ptrs[0];
+  CUdeviceptr scratch = add.node >= 0 ? ptrs[0] : 0;
   bool capture = graphs_on_ && !timing_ && !blas_capture_off_ && dr.cuStreamBeginCapture && dr.cuStreamEndCapture &&
                  dr.cuGraphAddChildGraphNode && !env_zero("LUMINAL_CUDA_BLAS_GRAPHS") &&
                  blas_ready(g, ptrs[1], ptrs[2], out, blas_ws_->ptr, c, scratch);
@@ -1461,10 +1454,10 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           }
           case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: {
             // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
-            int64_t add = v.kind == Variant::Blas ? blas_add(i, ptrs) : -1;
-            if (add >= 0) {
-              ptr[add] = out_of(add);
-              done[size_t(plan.step_of(add))] = 1;
+            BlasAdd add = v.kind == Variant::Blas ? blas_add(i, ptrs) : BlasAdd{};
+            if (add.node >= 0) {
+              ptr[add.node] = out_of(add.node);
+              done[size_t(plan.step_of(add.node))] = 1;
             }
             launch_gemm(i, v, ptrs, add);
             break;

@@ -163,10 +163,14 @@ class Runtime {
   void execute(const Launch& l);
   // The GEMM variants (own kernels, cuBLASLt): one launched; the fastest of several chosen by timing them on the
   // device, once per product shape (LUMINAL_CUDA_TUNE=0: the first that applies).
-  // `add`: the product's Add (Step::add_epilogue) that cuBLASLt computes in its place (blas_add), or -1.
-  void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, int64_t add = -1);
+  // `add`: the product's Add (Step::add_epilogue) that cuBLASLt computes in its place (blas_add), if any.
+  struct BlasAdd {
+    int64_t node = -1;  // the Add, whose buffer cuBLASLt writes (-1: none)
+    CUdeviceptr c = 0;  // its other operand, added as C
+  };
+  void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, BlasAdd add = {});
   void choose(size_t i, const std::vector<CUdeviceptr>& ptrs);
-  int64_t blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs);
+  BlasAdd blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs);
   std::shared_ptr<DeviceBuffer> blas_ws_;  // cuBLASLt's workspace and the operands copied for it
   // cuBLASLt's calls captured as graphs (each a chunk's child graph node), by everything the call reads: kept while
   // the workspace stays (cleared, after the chunk recorded so far is replayed, when it moves or they grow many).
