@@ -819,7 +819,7 @@ bool row_major(const ConcreteView& v) {
 // that Add's node and the pointer it adds (C), or no node: not this run (timing, LUMINAL_CUDA_BLAS_EPILOGUE=0, a 16-bit product), c not computed by
 // now, steps between the two that might use the Add's memory (only within one group is it kept apart from them by
 // the plan), or the Add's buffer over an operand that cuBLASLt reads in place or partly over c.
-Runtime::BlasAdd Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
+BlasAdd Runtime::blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs) {
   int64_t id = core(i).node, add = core(i).add_epilogue;
   if (add < 0 || timing_ || L_.blas[i].out != DType::F32 || env_zero("LUMINAL_CUDA_BLAS_EPILOGUE")) return {};
   int64_t as = plan_.step_of(add);

@@ -61,6 +61,12 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
 void download(const DeviceArray& a, void* host);
 DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding as a Cast does
 
+// A product's Add (Step::add_epilogue) that cuBLASLt computes in its place: out = a.b + c into the Add's buffer.
+struct BlasAdd {
+  int64_t node = -1;  // the Add (-1: none)
+  CUdeviceptr c = 0;  // its other operand
+};
+
 class Runtime {
  public:
   Runtime(const Graph& g, Module s);
@@ -164,10 +170,6 @@ class Runtime {
   // The GEMM variants (own kernels, cuBLASLt): one launched; the fastest of several chosen by timing them on the
   // device, once per product shape (LUMINAL_CUDA_TUNE=0: the first that applies).
   // `add`: the product's Add (Step::add_epilogue) that cuBLASLt computes in its place (blas_add), if any.
-  struct BlasAdd {
-    int64_t node = -1;  // the Add, whose buffer cuBLASLt writes (-1: none)
-    CUdeviceptr c = 0;  // its other operand, added as C
-  };
   void launch_gemm(size_t i, const Variant& v, const std::vector<CUdeviceptr>& ptrs, BlasAdd add = {});
   void choose(size_t i, const std::vector<CUdeviceptr>& ptrs);
   BlasAdd blas_add(size_t i, const std::vector<CUdeviceptr>& ptrs);
