@@ -343,6 +343,22 @@ std::string warp_rows_kernel(const ViewSlot& av, DType as, const DotOperand& w, 
   return k.str();
 }
 
+// Flash-decoding's merge of one output element over a row's key ranges: each range's partial row at
+// `wr` + z * (N + 2) holds its max, its sum, then its N accumulators; column `col` is rescaled to the common max in
+// one online pass (the loads of several ranges in flight at once), leaving M, L and a. `ld`: the load function
+// (__ldcg for rows other blocks just wrote; empty: plain loads). Needs nsplit, N, c_ and ninf.
+std::string merge_ranges(const std::string& wr, const std::string& col, const std::string& ld, const std::string& in) {
+  auto at = [&](const std::string& x) { return ld.empty() ? "*(" + x + ")" : ld + "(" + x + ")"; };
+  Text t;
+  t << in << "float M = ninf, L = 0.0f, a = 0.0f;\n#pragma unroll 8\n" << in << "for (i64 z = 0; z < nsplit; ++z) {\n"
+    << in << "  const float* part = " << wr << " + z * (N + 2);\n"
+    << in << "  float pm = " << at("part") << ", pl = " << at("part + 1") << ", pa = " << at("part + 2 + " + col) << ";\n"
+    << in << "  float mn = op_max(M, pm), mu = mn == ninf ? 0.0f : mn;\n"
+    << in << "  float so = op_exp2((M - mu) * c_), sn = op_exp2((pm - mu) * c_);\n"
+    << in << "  L = L * so + pl * sn;\n" << in << "  a = a * so + pa * sn;\n" << in << "  M = mn;\n" << in << "}\n";
+  return t.str();
+}
+
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act) {
   Text t;
@@ -1856,13 +1872,7 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "          int r = x / " << NC << ", c = x % " << NC << ";\n"
         << "          if (c >= N || t0 + r >= Tq) continue;\n"
         << "          i64 row = rb_ + r;\n          const float* wr = w_ + row * nsplit * (N + 2);\n"
-        << "          float M = ninf, L = 0.0f, a = 0.0f;\n"
-        << "#pragma unroll 8\n          for (i64 z = 0; z < nsplit; ++z) {\n"
-        << "            const float* part = wr + z * (N + 2);\n"
-        << "            float pm = __ldcg(part), pl = __ldcg(part + 1), pa = __ldcg(part + 2 + c);\n"
-        << "            float mn = op_max(M, pm), mu = mn == ninf ? 0.0f : mn;\n"
-        << "            float so = op_exp2((M - mu) * c_), sn = op_exp2((pm - mu) * c_);\n"
-        << "            L = L * so + pl * sn;\n            a = a * so + pa * sn;\n            M = mn;\n          }\n"
+        << merge_ranges("wr", "c", "__ldcg", "          ")  // (L2: other blocks wrote them)
         << "          o_[row * N + c] = a * (1.0f / L);\n        }\n      }\n    }\n  }\n}\n";
       st.variants.push_back({Variant::FlashDecode, add_kernel(f.str())});
     }
@@ -1946,14 +1956,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
       << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1] * N; t += (i64)gridDim.x * blockDim.x) {\n"
       << "    i64 row = t / N, nn = t % N;\n    const float* w_ = (const float*)ws + row * nsplit * (N + 2);\n"
-      << "    float M = ninf, L = 0.0f, a = 0.0f;\n"
-      // One pass, online (the loads of several ranges in flight at once; no dependent second pass).
-      << "#pragma unroll 8\n    for (i64 z = 0; z < nsplit; ++z) {\n      const float* part = w_ + z * (N + 2);\n"
-      << "      float pm = part[0], pl = part[1], pa = part[2 + nn];\n"
-      << "      float mn = op_max(M, pm), mu = mn == ninf ? 0.0f : mn;\n"
-      << "      float so = op_exp2((M - mu) * c_), sn = op_exp2((pm - mu) * c_);\n"
-      << "      L = L * so + pl * sn;\n      a = a * so + pa * sn;\n      M = mn;\n    }\n"
-      << "    ((float*)out)[t] = a * (1.0f / L);\n  }\n}\n";
+      << merge_ranges("w_", "nn", "", "    ") << "    ((float*)out)[t] = a * (1.0f / L);\n  }\n}\n";
     st.combine_fn = add_kernel(c.str());
   }
 
