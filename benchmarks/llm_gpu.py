@@ -782,7 +782,11 @@ def main():
     p.add_argument("--cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="luminal's KV cache dtype (auto: bfloat16 for the 8B shapes, as the torch peers; float32 "
                         "for 135m)")
+    p.add_argument("--layers", type=int, default=0, help="build the shapes with this many layers (quick profiles)")
     args = p.parse_args()
+    if args.layers:
+        for c in SHAPES.values():
+            c.n_layers = args.layers
     lm.CudaCompiler.flash_attention_default = not args.no_flash
     args.kernels = kernels_per_step
     ok, why = lm.cuda_available()

@@ -240,18 +240,31 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float op_exp2(float x) { return std::exp2(x); }
 template <class T> inline T op_max(T acc, T x) { return (std::isnan(x) || x > acc) ? x : acc; }
 template <class T> inline T rd_float32(T v) { return (T)(float)v; }
-static int ANY, SKIPS;  // (votes that no thread has a score: tiles skipped)
+static int MMAS;  // (thread 0's tensor-core products: a fixed number per tile computed)
 inline float __shfl_xor_sync(unsigned, float v, int m) { return shfl_xor(v, m); }
 inline int __syncthreads_or(int v) {
-  if (threadIdx.x == 0) ANY = 0;
+  static int any;
+  if (threadIdx.x == 0) any = 0;
   __syncthreads();
-  if (v) { std::lock_guard<std::mutex> l(atomics); ANY = 1; }
+  if (v) { std::lock_guard<std::mutex> l(atomics); any = 1; }
   __syncthreads();
-  int r = ANY;
+  int r = any;
   __syncthreads();
-  if (threadIdx.x == 0 && !r) ++SKIPS;
   return r;
 }
+inline bool __any_sync(unsigned, bool v) {  // (through the warp's shuffle buffer: any lane's value)
+  int t = threadIdx.x;
+  xbuf[t] = v;
+  wbar[t / 32].wait();
+  bool r = false;
+  for (int l = 0; l < 32; ++l) r = r || xbuf[(t & ~31) + l] != 0;
+  wbar[t / 32].wait();
+  return r;
+}
+inline unsigned atomicOr(unsigned* p, unsigned v) { std::lock_guard<std::mutex> l(atomics); unsigned o = *p; *p |= v; return o; }
+inline int __ffs(unsigned x) { for (int i = 0; i < 32; ++i) if (x >> i & 1) return i + 1; return 0; }
+inline float fast_exp2(float x) { return std::exp2(x); }
+inline const u16* smem_u32(const u16* p) { return p; }
 // cp.async as a plain copy (zeros where the copy is off), its groups complete at once.
 inline void cp_async_host(void* d, const void* s, bool ok) {
   aligned16(d);
@@ -262,13 +275,25 @@ template <int N> void cp_wait() {}
 static const u16* LP[1024];
 // ldmatrix.m8n8.x4.trans: lane l gives row l & 7 of matrix l >> 3; lane l receives, of each matrix transposed, row
 // l >> 2, columns (l & 3) * 2, + 1.
-inline void ldsm_x4_trans_host(unsigned* d, const u16* row) {
+inline void ldsm_x4_t(unsigned* d, const u16* row) {
   int t = threadIdx.x, w = t & ~31, l = t & 31;
   LP[t] = row;
   __syncthreads();
   for (int m = 0; m < 4; ++m) {
     const u16 *r0 = LP[w + m * 8 + (l & 3) * 2], *r1 = LP[w + m * 8 + (l & 3) * 2 + 1];
     d[m] = unsigned(r0[l >> 2]) | (unsigned(r1[l >> 2]) << 16);
+  }
+  __syncthreads();
+}
+// ldmatrix.m8n8.x4: lane l gives row l & 7 of matrix l >> 3; lane l receives, of each matrix, row l >> 2, columns
+// (l & 3) * 2, + 1.
+inline void ldsm_x4(unsigned* d, const u16* row) {
+  int t = threadIdx.x, w = t & ~31, l = t & 31;
+  LP[t] = row;
+  __syncthreads();
+  for (int m = 0; m < 4; ++m) {
+    const u16* r = LP[w + m * 8 + (l >> 2)];
+    d[m] = unsigned(r[(l & 3) * 2]) | (unsigned(r[(l & 3) * 2 + 1]) << 16);
   }
   __syncthreads();
 }
@@ -288,7 +313,7 @@ int main(int argc, char** argv) {
   int err = 0;
   launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), nullptr); });
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
-  std::printf("%d\n", SKIPS);
+  std::printf("%d\n", MMAS);
 }
 """
 
@@ -310,9 +335,8 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
     (variants,) = [vs for nid, vs, _ in comp.schedule.kernels() if nid == aid]
     name = dict(variants)[kind]
     text = dict(comp.schedule.kernel_texts)[name]
-    text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); }", text, flags=re.S)
-    text = re.sub(r'asm volatile\("ldmatrix.*?smem_u32\((&Vs\[.*?\])\)\)\);', r"ldsm_x4_trans_host(Bv, \1);", text,
-                  flags=re.S)
+    text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); "
+                  "if (threadIdx.x == 0) ++MMAS; }", text, flags=re.S)
     stage = re.search(r"smem_ \+ st \* (\d+)", text)  # (a 16-bit cache: two stages in dynamic shared memory)
     if stage:
         text = text.replace("extern __shared__ __align__(16) u16 smem_[];",
@@ -362,7 +386,9 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
         r = subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
                            capture_output=True, text=True)
         outs.append(np.fromfile(tmp_path / "out.bin", np.float32))
-        skips.append(int(r.stdout))
+        # thread 0 computes DH products per tile (8 D/16 for the scores, 4 D/8 for the values): the tiles skipped
+        dh = int(re.search(r"Ks\)?\[(?:64\]\[)?(\d+)\]", text)[1]) - 8
+        skips.append(grid[0] * grid[1] * -(-T // 64) - int(r.stdout) // dh)
     return outs, skips
 
 
@@ -422,9 +448,9 @@ def test_flash_mma_on_the_host(case, kind, tmp_path):
     outs, skips = _attention_on_host(fn, arrays, kind, vecs, tmp_path)
     for vec, got in zip(vecs, outs):
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
-    # Tiles masked for all of a block's rows: causal, the first row block's last tile; middle, the second tile of
-    # both row blocks.
-    assert skips == [{"causal": 1, "middle": 2}.get(case, 0) if kind == "flash-mma-skip" else 0] * len(vecs), skips
+    # Tiles masked for all of a block's 64 rows: causal, the first row block's last two tiles and the second's last;
+    # middle, the second tile of all three row blocks.
+    assert skips == [{"causal": 3, "middle": 3}.get(case, 0) if kind == "flash-mma-skip" else 0] * len(vecs), skips
 
 
 # ---- a 16-bit KV cache (Session(cache_dtype=...)): k and v read through a float32 cast ------------------------------
@@ -488,16 +514,14 @@ def test_attention_16bit_cache(backend, rng, case, kv_dtype, dtype):
     np.testing.assert_allclose(out.numpy(), want, rtol=tol, atol=tol, err_msg=f"{case} {rng}")
 
 
-@pytest.mark.parametrize("case,kv_dtype,warps", [("causal", "bfloat16", 8), ("middle", "float16", 4)])
-def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, warps, tmp_path, monkeypatch):
+@pytest.mark.parametrize("case,kv_dtype", [("causal", "bfloat16"), ("middle", "float16")])
+def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, tmp_path):
     """flash-mma-skip over a 16-bit cache on the host: the two-stage pipeline (the next live tile's cp.async copies
     issued before this tile's products; here plain copies), the zero-filled rows past the keys, the skipped tiles,
     and the path that loads and rounds (a float16 cache under a bfloat16 compute dtype, or rows the runtime's flag
-    says are not 16-byte aligned); blocks of 8 warps, or 4 (LUMINAL_CUDA_FLASH_MMA_WARPS=4)."""
+    says are not 16-byte aligned)."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    if warps == 4:
-        monkeypatch.setenv("LUMINAL_CUDA_FLASH_MMA_WARPS", "4")
     gen = np.random.default_rng(2)
     fn, arrays, ref = _cache16(kv_dtype, lambda sh: torch.from_numpy(gen.standard_normal(sh).astype(np.float32))
                                .to(torch.bfloat16).float().numpy(), case)
@@ -506,8 +530,7 @@ def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, warps, tmp_path, monk
     outs, skips = _attention_on_host(fn, arrays, "flash-mma-skip", vecs, tmp_path, kv_dtype)
     for vec, got in zip(vecs, outs):
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
-    # (middle: the second tile of every row block; 4 warps: 3 blocks of 64 rows, 2 of 128 otherwise)
-    assert skips == [{"causal": 1, "middle": 2 if warps == 8 else 3}.get(case, 0)] * len(vecs), skips
+    assert skips == [{"causal": 3, "middle": 3}.get(case, 0)] * len(vecs), skips
 
 
 @pytest.mark.parametrize("mode", ["rows", "chunks"])
@@ -530,13 +553,12 @@ def test_cpu_attention_16bit_cache(rng, monkeypatch, mode, case, kv_dtype):
 
 @pytest.mark.parametrize("case,env", [("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_SKIP"),
                                       ("causal-gqa-offset", "LUMINAL_CUDA_KV16_VECTOR"),
-                                      ("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_WARPS"),
                                       ("decode-32", "LUMINAL_CUDA_FLASH_DECODE")])
 def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, env):
     """The other kernels over a bfloat16 cache, each by its switch (on a GPU; the cuda-nvrtc backend compiles them):
     flash-mma (skip off: its loads rounded element by element), flash-mma-skip staged element by element (no
-    cp.async), flash-mma-skip in blocks of 4 warps, and decode without the decode kernel (the float32 tiles)."""
-    monkeypatch.setenv(env, "4" if env == "LUMINAL_CUDA_FLASH_MMA_WARPS" else "0")
+    cp.async), and decode without the decode kernel (the float32 tiles)."""
+    monkeypatch.setenv(env, "0")
     fn, arrays, ref = _cache16("bfloat16", rng.data, case)
     want = fn(*map(torch.from_numpy, ref)).numpy()
     cx, out = _kv16_graph(fn, arrays, "bfloat16", cuda_backend.compilers("bfloat16"))

@@ -136,6 +136,12 @@ __device__ __forceinline__ void ldsm_x4(unsigned* d, unsigned a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
 }
+__device__ __forceinline__ void ldsm_x4_t(unsigned* d, unsigned a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
+}
+// exp2 of softmax weights that are rounded to 16 bits next (flash_tiles): the hardware's approximation, 2 ulp
+__device__ __forceinline__ float fast_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -594,7 +600,9 @@ class Generator {
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                        const std::string& aliases, const std::vector<std::string>& args, int DH, int W, bool skip = false);
+                        const std::string& aliases, const std::vector<std::string>& args, int DH);
+  std::string flash_tiles(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+                          const std::string& aliases, const std::vector<std::string>& args, int DH);
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -1733,14 +1741,10 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
-      // (a 16-bit KV cache: two stages of K and V tiles in dynamic shared memory, see flash_mma; 8 warps per block,
-      // or with LUMINAL_CUDA_FLASH_MMA_WARPS=4 when compiled, 4: blocks of 64 rows, two per multiprocessor)
-      bool kv16 = dtype_size(storage(n.inputs[1].node)) == 2 && dtype_size(storage(n.inputs[2].node)) == 2;
-      const char* we = std::getenv("LUMINAL_CUDA_FLASH_MMA_WARPS");
-      int W = kv16 && we && std::string(we) == "4" ? 4 : 8;
-      st.variants.push_back({Variant::FlashMmaSkip, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, W, true),
-                             kv16 ? 2 * 2 * 64 * (DH + 8) * 2 : 0, 32 * W});
-      st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH, 8)});
+      // (flash_tiles: blocks of 4 warps, two stages of K and V tiles in dynamic shared memory)
+      st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH),
+                             2 * 2 * 64 * (DH + 8) * 2, 128});
+      st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH)});
     }
   }
   if (sm && !dbl) {
@@ -1997,15 +2001,13 @@ void Generator::attention_step(Step& st, const Node& n) {
 }
 
 // Flash attention on tensor cores (mma.sync m16n8k16, q, k, p and v rounded to the 16-bit compute dtype, float32
-// accumulators, as the tensor-core MatMul). 16 query rows per warp, W warps per block, q fragments in registers;
-// keys in tiles of 64: K (key-major) and V (transposed) staged in shared memory in the compute dtype, S = Q K^T in
-// registers, the row program and the online softmax on S's fragments (a row spans the 4 lanes of a quad), then P,
-// repacked in registers as the A operand, times V. DH: the head sizes rounded up to 16 (D, N <= DH). Same parameter
-// slice, key ranges and workspace as Flash. `skip` (FlashMmaSkip): V row-major (16-byte stores when staged from
-// float32; its B fragments by ldmatrix.trans) and key tiles masked for all the block's rows skipped (below).
+// accumulators, as the tensor-core MatMul), the fallback of flash_tiles for any additive program: 16 query rows per
+// warp, 8 warps per block, q fragments in registers; keys in tiles of 64: K (key-major) and V (transposed) staged in
+// shared memory in the compute dtype, S = Q K^T in registers, the row program and the online softmax on S's
+// fragments (a row spans the 4 lanes of a quad), then P, repacked in registers as the A operand, times V. DH: the
+// head sizes rounded up to 16 (D, N <= DH). Same parameter slice, key ranges and workspace as Flash.
 std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                                 const std::string& aliases, const std::vector<std::string>& args, int DH, int W,
-                                 bool skip) {
+                                 const std::string& aliases, const std::vector<std::string>& args, int DH) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
   const Program& prog = plan.prog;
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
@@ -2020,36 +2022,22 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
   };
   std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
-  std::string pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
-  // A 16-bit KV cache (skip): two stages of K and V tiles in dynamic shared memory, the next live tile's copies in
-  // flight while this one's products run; cp.async 16-byte copies straight to shared memory where the cache is in
-  // the compute dtype (and the runtime's flag says its rows are 16-byte aligned), else loads rounded to it.
-  DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
-  bool pipe = skip && dtype_size(kst) == 2 && dtype_size(vst) == 2, async = pipe && kst == compute_ && vst == compute_;
-  std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
   std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
                     ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
                     "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
   Text f;
-  std::string TH = std::to_string(32 * W);
-  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n";
-  if (pipe)
-    f << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
-  else
-    f << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "]" << (skip ? ";\n  __shared__ __align__(16) u16 " : ", ")
-      << (skip ? "Vs[64][" + std::to_string(DH + 8) + "]" : "Vt[" + DHs + "][72]") << ";\n";
-  f << aliases
+  f << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(args) << " {\n"
+    << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "], Vt[" << DHs << "][72];\n"
+    << aliases
     << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
     << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, q2 = (lane & 3) * 2;\n"
     << "  const float c_ = " << lit(sm.c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
     << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
     << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
-    // (skip: the last row blocks first, whose causal masks skip the fewest tiles, so the grid's tail is short ones)
-    << "    i64 t0 = (i64)" << (skip ? "(gridDim.x - 1 - blockIdx.x)" : "blockIdx.x") << " * " << 16 * W
-    << ", rb_ = b * Tq + t0, kb, vb;\n"
+    << "    i64 t0 = (i64)blockIdx.x * 128, rb_ = b * Tq + t0, kb, vb;\n"
     << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
     << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
   // This thread's two rows (fragment rows g and g + 8 of its warp's 16): bases, validity, the program's indices.
@@ -2076,8 +2064,8 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
     << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
     << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
-    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n";
-  if (!pipe) f << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n";
+    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
+    << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n      __syncthreads();\n";
   // The program's element indices: the thread's row (fragment row g, or g + 8 for e >> 1), key j.
   std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
   std::vector<std::string> idx;
@@ -2087,150 +2075,44 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   }
   at += "    i64 " + jn + " = j;\n";
   idx.push_back(jn);
-  // An additive mask (x = A + M, M not reading the scores): where M is -inf for all the block's rows and the tile's
-  // keys, x is too (for finite scores), and the tile is skipped before it is loaded (causal prefill: the tiles past
-  // the block's last row). The thread's 32 elements (rows g, g + 8; keys q2, q2 + 1 of each 8) all loaded at once
-  // (the mask may come from memory, not cache: one latency per tile; the scores' pass then finds them in L1); the
-  // vote is also the barrier before the tiles are overwritten.
-  int mreg = -1;
-  if (skip) {
-    const Instr& xi = prog.code[size_t(sm.x)];
-    for (int side = 0; side < 2 && xi.kind == Instr::Apply && xi.op == Op::Add && mreg < 0; ++side) {
-      int m = side ? xi.b : xi.a;
-      std::vector<char> need = prog.needed_for(size_t(m));
-      bool free = m >= 0;
-      for (size_t r = 0; r < need.size() && free; ++r)
-        free = !need[r] || (prog.code[r].kind != Instr::Reduce &&
-                            !(prog.code[r].kind == Instr::Load && prog.code[r].input == plan.scores));
-      if (free) mreg = m;
-    }
-  }
-  // A mask loaded as stored (a causal table): the pipelined kernel also notes, per thread, a tile whose mask is 0 at
-  // every one of its elements (z_), whose scores' program then runs with the mask as 0 instead of loading it again
-  // (the tiles below the diagonal).
-  int minput = pipe && mreg >= 0 && prog.code[size_t(mreg)].kind == Instr::Load &&
-                       prog.code[size_t(mreg)].input != plan.scores ? prog.code[size_t(mreg)].input : -1;
-  std::string vote;  // whether tile j0 has a key any of the block's rows sees (a barrier too)
-  if (mreg >= 0)
-    vote = std::string(minput >= 0 ? "      bool z_ = true;\n" : "") +
-           "      bool live_ = false;\n#pragma unroll\n      for (int t = 0; t < 8; ++t)\n"
-           "#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n          i64 j = j0 + t * 8 + q2 + (e & 1);\n"
-           "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" + at +
-           program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1),
-                        {{plan.scores, "0.0f"}}) +
-           "          live_ |= (float)r" + std::to_string(mreg) + " != ninf;\n" +
-           (minput >= 0 ? "          z_ = z_ && (float)r" + std::to_string(mreg) + " == 0.0f;\n" : "") +
-           "          }\n        }\n";
-  if (pipe) {
-    // next_(j): the first live tile from j (jhi: none). load_(j0, st): tile j0 into stage st.
-    if (minput >= 0) f << "    bool zn_ = false, zc_ = false;  // (the next live tile's z_, this tile's)\n";
-    f << "    auto next_ = [&](i64 j0) -> i64 {\n";
-    if (mreg >= 0)
-      f << "      for (; j0 < jhi; j0 += 64) {\n" << vote << "      if (__syncthreads_or(live_)) {\n"
-        << (minput >= 0 ? "        zn_ = z_;\n" : "") << "        break;\n      }\n      }\n";
-    f << "      return j0;\n    };\n"
-      << "    auto load_ = [&](i64 j0, int st) {\n"
-      << "      u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
-    if (async)
-      f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
-        << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
-        << "          bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
-        << "          cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * " << kv.stride(Rq - 2)
-        << " + d : 0), okk);\n          cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * "
-        << v.stride(Rv - 1) << " + d : 0), okv);\n        }\n        return;\n      }\n";
-    else  // (the other 16-bit type: 16-byte loads of 8, rounded to the compute dtype, 16-byte stores)
-      f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
-        << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
-        << "          float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, b[8] = {0.0f, 0.0f, 0.0f, 0.0f, "
-           "0.0f, 0.0f, 0.0f, 0.0f};\n"
-        << "          if (j < jhi && d < D) ld8_" << dtype_name(kst) << "(e1, kb + j * " << kv.stride(Rq - 2) << " + d, a);\n"
-        << "          if (j < jhi && d < N) ld8_" << dtype_name(vst) << "(e2, vb + j * " << v.stride(Rv - 1) << " + d, b);\n"
-        << "          *(uint4*)&Ks[jj][d] = make_uint4(" << pk << "(a[0], a[1]), " << pk << "(a[2], a[3]), " << pk
-        << "(a[4], a[5]), " << pk << "(a[6], a[7]));\n"
-        << "          *(uint4*)&Vs[jj][d] = make_uint4(" << pk << "(b[0], b[1]), " << pk << "(b[2], b[3]), " << pk
-        << "(b[4], b[5]), " << pk << "(b[6], b[7]));\n        }\n        return;\n      }\n";
-    f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
-      << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
-      << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
-      << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
-      << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        Vs[jj][d] = " << cv
-      << "(vx);\n      }\n    };\n"
-      << "    __syncthreads();  // (the previous batch's last tile read)\n"
-      << "    i64 jt = next_(jlo);\n    if (jt < jhi) load_(jt, 0);\n    cp_commit();\n"
-      << "    for (int st = 0; jt < jhi; st ^= 1) {\n      i64 j0 = jt;\n" << (minput >= 0 ? "      zc_ = zn_;\n" : "")
-      << (mreg >= 0 ? "" : "      __syncthreads();  // (every warp done with stage st ^ 1 before it is refilled)\n")
-      << "      jt = next_(j0 + 64);\n      if (jt < jhi) load_(jt, st ^ 1);\n      cp_commit();\n"
-      << "      cp_wait<1>();  // this thread's copies of tile j0 done; the barrier: every thread's\n"
-      << "      __syncthreads();\n"
-      << "      u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
-  } else if (mreg >= 0)
-    f << vote << "      if (!__syncthreads_or(live_)) continue;\n";
-  else
-    f << "      __syncthreads();\n";
-  // The tiles: K as Ks[key][d], V as Vs[key][n] (skip) or transposed as Vt[n][key], in the compute dtype, zeros
-  // outside (the pipelined kernel's load_ above).
-  if (!pipe && f32kv && skip) {
-    // 8 floats of a row per thread: two 16-byte loads each of k and v, one 16-byte store each
-    std::string pk8 = "make_uint4(" + pk + "(a.x, a.y), " + pk + "(a.z, a.w), " + pk + "(b.x, b.y), " + pk + "(b.z, b.w))";
-    f << "      if (" << P(6) << ") {\n#pragma unroll\n        for (int x = tid; x < 64 * " << DH / 8 << "; x += " << TH
-      << ") {\n          int jj = x / " << DH / 8 << ", d = (x % " << DH / 8 << ") * 8;\n          i64 j = j0 + jj;\n"
-      << "          float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f), k0 = z, k1 = z, v0 = z, v1 = z;\n"
-      << "          if (j < jhi) {\n            const float* kr = (const float*)e1 + kb + j * " << kv.stride(Rq - 2)
-      << " + d;\n            const float* vr = (const float*)e2 + vb + j * " << v.stride(Rv - 1) << " + d;\n"
-      << "            if (d < D) k0 = *(const float4*)kr;\n            if (d + 4 < D) k1 = *(const float4*)(kr + 4);\n"
-      << "            if (d < N) v0 = *(const float4*)vr;\n            if (d + 4 < N) v1 = *(const float4*)(vr + 4);\n"
-      << "          }\n          { float4 a = k0, b = k1; *(uint4*)&Ks[jj][d] = " << pk8 << "; }\n"
-      << "          { float4 a = v0, b = v1; *(uint4*)&Vs[jj][d] = " << pk8 << "; }\n        }\n      } else\n";
-  } else if (!pipe && f32kv)
+  // The tiles: K as Ks[key][d], V transposed as Vt[n][key], in the compute dtype, zeros outside.
+  if (f32kv)
     f << "      if (" << P(6) << ") {\n#pragma unroll 4\n        for (int x = tid; x < 64 * " << DH / 4
-      << "; x += " << TH << ") {\n          int jj = x / " << DH / 4 << ", d = (x % " << DH / 4 << ") * 4;\n"
+      << "; x += 256) {\n          int jj = x / " << DH / 4 << ", d = (x % " << DH / 4 << ") * 4;\n"
       << "          i64 j = j0 + jj;\n          float4 kx = make_float4(0.0f, 0.0f, 0.0f, 0.0f), vx = kx;\n"
       << "          if (j < jhi) {\n            if (d < D) kx = *(const float4*)((const float*)e1 + kb + j * "
       << kv.stride(Rq - 2) << " + d);\n            if (d < N) vx = *(const float4*)((const float*)e2 + vb + j * "
       << v.stride(Rv - 1) << " + d);\n          }\n"
-      << (skip ? "          *(uint2*)&Ks[jj][d] = make_uint2(" + pk + "(kx.x, kx.y), " + pk + "(kx.z, kx.w));\n"
-               : "          *(uint2*)&Ks[jj][d] = make_uint2((unsigned)" + cv + "(kx.x) | ((unsigned)" + cv +
-                     "(kx.y) << 16), (unsigned)" + cv + "(kx.z) | ((unsigned)" + cv + "(kx.w) << 16));\n")
-      << (skip ? "          *(uint2*)&Vs[jj][d] = make_uint2(" + pk + "(vx.x, vx.y), " + pk + "(vx.z, vx.w));\n"
-               : "          Vt[d][jj] = " + cv + "(vx.x); Vt[d + 1][jj] = " + cv + "(vx.y); Vt[d + 2][jj] = " + cv +
-                     "(vx.z); Vt[d + 3][jj] = " + cv + "(vx.w);\n")
+      << "          *(uint2*)&Ks[jj][d] = make_uint2((unsigned)" + cv + "(kx.x) | ((unsigned)" + cv +
+             "(kx.y) << 16), (unsigned)" + cv + "(kx.z) | ((unsigned)" + cv + "(kx.w) << 16));\n"
+      << "          Vt[d][jj] = " + cv + "(vx.x); Vt[d + 1][jj] = " + cv + "(vx.y); Vt[d + 2][jj] = " + cv +
+             "(vx.z); Vt[d + 3][jj] = " + cv + "(vx.w);\n"
       << "        }\n      } else\n";
-  if (!pipe)
-    f << "      for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n        int jj = x / " << DH << ", d = x % " << DH
-      << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
-      << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
-      << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
-      << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        "
-      << (skip ? "Vs[jj][d]" : "Vt[d][jj]") << " = " << cv << "(vx);\n      }\n      __syncthreads();\n";
+  f << "      for (int x = tid; x < 64 * " << DH << "; x += 256) {\n        int jj = x / " << DH << ", d = x % " << DH
+    << ";\n        i64 j = j0 + jj;\n        float kx = 0.0f, vx = 0.0f;\n"
+    << "        if (j < jhi) {\n          if (d < D) kx = " << ld(1) << "kb + j * " << kv.stride(Rq - 2) << " + d * "
+    << kv.stride(Rq - 1) << ");\n          if (d < N) vx = " << ld(2) << "vb + d * " << v.stride(Rv - 2) << " + j * "
+    << v.stride(Rv - 1) << ");\n        }\n        Ks[jj][d] = " << cv << "(kx);\n        Vt[d][jj] = " << cv
+    << "(vx);\n      }\n      __syncthreads();\n";
   // S = Q K^T: 8 tiles of 8 keys; element e of tile t is (row g + 8 * (e >> 1), key t * 8 + q2 + (e & 1)).
   f << "      float s[8][4];\n#pragma unroll\n      for (int t = 0; t < 8; ++t) {\n"
     << "        float* C = s[t];\n        C[0] = C[1] = C[2] = C[3] = 0.0f;\n"
     << "#pragma unroll\n        for (int ks = 0; ks < " << D16 << "; ++ks) {\n"
     << "          const unsigned* A = qf[ks];\n"
     << "          unsigned B0 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2], B1 = *(const unsigned*)&Ks[t * 8 + g][ks * 16 + q2 + 8];\n"
-    << "          " << mma << "\n        }\n      }\n";
-  // The row program on each score, then the online softmax per row (max and sum over the quad).
-  auto scores_loop = [&](const std::map<int, std::string>& given) {
-    return "#pragma unroll\n      for (int t = 0; t < 8; ++t)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
-           "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
-           "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" + at +
-           program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), given) +
-           "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n"
-           "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n";
-  };
-  f << "      float mx0 = ninf, mx1 = ninf;\n";
-  if (minput >= 0)
-    f << "      if (zc_) {\n" << scores_loop({{plan.scores, "s[t][e]"}, {minput, "0.0f"}}) << "      } else {\n"
-      << scores_loop({{plan.scores, "s[t][e]"}}) << "      }\n";
-  else
-    f << scores_loop({{plan.scores, "s[t][e]"}});
-  f << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+    << "          " << mma << "\n        }\n      }\n"
+    // The row program on each score, then the online softmax per row (max and sum over the quad).
+    << "      float mx0 = ninf, mx1 = ninf;\n"
+    << "#pragma unroll\n      for (int t = 0; t < 8; ++t)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
+    << "          i64 j = j0 + t * 8 + q2 + (e & 1);\n          float x_ = ninf;\n"
+    << "          if (j < jhi && ((e >> 1) ? ok1 : ok0)) {\n" << at
+    << program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), {{plan.scores, "s[t][e]"}})
+    << "          x_ = (float)r" << sm.x << ";\n          }\n          s[t][e] = x_;\n"
+    << "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n        }\n"
+    << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
     << "      mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
     << "      mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
-    // A tile masked for all the block's rows adds nothing (exp2(-inf) = 0; m, l, o unchanged): without an additive
-    // mask to vote on first, its softmax and P V are skipped once the scores show it.
-    << (skip && mreg < 0 ? "      if (!__syncthreads_or(mx0 != ninf || mx1 != ninf)) continue;\n" : "")
     << "      float mn0 = op_max(m0, mx0), mn1 = op_max(m1, mx1);\n"
     << "      float mu0 = mn0 == ninf ? 0.0f : mn0, mu1 = mn1 == ninf ? 0.0f : mn1;\n"
     << "      float al0 = op_exp2((m0 - mu0) * c_), al1 = op_exp2((m1 - mu1) * c_);\n"
@@ -2246,18 +2128,291 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "        A[1] = (unsigned)" << cv << "(s[2 * kt][2]) | ((unsigned)" << cv << "(s[2 * kt][3]) << 16);\n"
     << "        A[2] = (unsigned)" << cv << "(s[2 * kt + 1][0]) | ((unsigned)" << cv << "(s[2 * kt + 1][1]) << 16);\n"
     << "        A[3] = (unsigned)" << cv << "(s[2 * kt + 1][2]) | ((unsigned)" << cv << "(s[2 * kt + 1][3]) << 16);\n"
-    << (skip
-            // V's B fragments for output tiles t, t + 1 by one ldmatrix.trans: matrices (keys 0-7, columns t * 8..),
-            // (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..), (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
-            ? "#pragma unroll\n        for (int t = 0; t < " + D8 + "; t += 2) {\n          unsigned Bv[4];\n"
-              "          asm volatile(\"ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\" : \"=r\"(Bv[0]), "
-              "\"=r\"(Bv[1]), \"=r\"(Bv[2]), \"=r\"(Bv[3]) : \"r\"(smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8])));\n"
-              "#pragma unroll\n          for (int h = 0; h < 2; ++h) {\n            float* C = o[t + h];\n"
-              "            unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n            " + mma + "\n          }\n        }\n"
-            : "#pragma unroll\n        for (int t = 0; t < " + D8 + "; ++t) {\n          float* C = o[t];\n"
-              "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
-              "          " + mma + "\n        }\n")
-    << "      }\n    }\n";
+    << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          float* C = o[t];\n"
+    << "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
+    << "          " << mma << "\n        }\n      }\n    }\n";
+  // The rows: the quad's sums, then normalised rows, or this key range's partial result.
+  f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
+    << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
+    << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h), e0 = std::to_string(2 * h), e1 = std::to_string(2 * h + 1);
+    f << "    if (ok" << H << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << H << ";\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) o_[row" << H << " * N + c] = o[t][" << e0 << "] * inv;\n"
+      << "          if (c + 1 < N) o_[row" << H << " * N + c + 1] = o[t][" << e1 << "] * inv;\n        }\n"
+      << "      } else {\n        float* part = w_ + (row" << H << " * nsplit + blockIdx.z) * (N + 2);\n"
+      << "        if ((lane & 3) == 0) { part[0] = m" << H << "; part[1] = l" << H << "; }\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) part[2 + c] = o[t][" << e0 << "];\n"
+      << "          if (c + 1 < N) part[3 + c] = o[t][" << e1 << "];\n        }\n      }\n    }\n";
+  }
+  f << "  }\n}\n";
+  return add_kernel(f.str());
+}
+
+// Prefill attention on tensor cores (FlashMmaSkip): blocks of 4 warps, 16 query rows each (64 rows), keys in tiles
+// of 64 through two shared-memory stages (the next live tile's copies in flight while this one's products run).
+// S = Q K^T with q's fragments in registers and K's by ldmatrix; the row program and the online softmax on S's
+// fragments (a row spans a quad); P, repacked in registers as the A operand, times V (ldmatrix.trans). Operands
+// rounded to the 16-bit compute dtype, float32 accumulators, as the tensor-core MatMul.
+// An additive mask (x = A + M, M not reading the scores) is classified once per window of 1024 tiles, before any
+// product: a tile whose M is -inf for all the block's rows is never loaded (causal prefill: the tiles past the
+// diagonal), and where M is a loaded input, a tile where it is 0 at every element runs its program with M as 0
+// (the tiles below the diagonal: no mask loads). Each warp votes on its rows; the votes meet in shared bit sets.
+// The program's unpadded inputs are read through per-row bases computed once (an element adds its key's stride).
+std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+                                   const std::string& aliases, const std::vector<std::string>& args, int DH) {
+  const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
+  const Program& prog = plan.prog;
+  int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
+  auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
+  ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
+  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
+    std::string e = vt.off();
+    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
+    return e;
+  };
+  auto ld = [&](int e) {
+    return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
+  };
+  std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16", pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16";
+  DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
+  bool f32kv = kst == DType::F32 && vst == DType::F32, kv16 = dtype_size(kst) == 2 && dtype_size(vst) == 2;
+  bool async = kst == compute_ && vst == compute_;
+  const int TH = 128, RB = 64;
+  std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
+  int D16 = DH / 16, D8 = DH / 8;
+  std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
+                    ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
+                    "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+  // The additive mask's register (mreg), and the input it loads as stored (minput), as flash_mma's vote.
+  int mreg = -1;
+  const Instr& xi = prog.code[size_t(sm.x)];
+  for (int side = 0; side < 2 && xi.kind == Instr::Apply && xi.op == Op::Add && mreg < 0; ++side) {
+    int m = side ? xi.b : xi.a;
+    std::vector<char> need = prog.needed_for(size_t(m));
+    bool free = m >= 0;
+    for (size_t r = 0; r < need.size() && free; ++r)
+      free = !need[r] || (prog.code[r].kind != Instr::Reduce &&
+                          !(prog.code[r].kind == Instr::Load && prog.code[r].input == plan.scores));
+    if (free) mreg = m;
+  }
+  int minput = mreg >= 0 && prog.code[size_t(mreg)].kind == Instr::Load ? prog.code[size_t(mreg)].input : -1;
+  // Per-row bases of the program's unpadded inputs (tb<i>_<h>: row h's element at this tile's first key).
+  std::vector<int> based;
+  for (int i = 0; i < int(ps.views.size()); ++i)
+    if (i != plan.scores && !ps.views[size_t(i)].masked && ps.views[size_t(i)].rank == Rp) based.push_back(i);
+  std::map<int, std::string> given;
+  for (int i : based) {
+    ViewText vt{ps.views[size_t(i)]};
+    std::string I = std::to_string(i);
+    given[i] = "ld_" + std::string(dtype_name(storage(pn.inputs[size_t(i)].node))) + "(in" + I + ", ((e >> 1) ? tb" + I +
+               "_1 : tb" + I + "_0) + jj * js" + I + ")";
+  }
+  auto tile_bases = [&](const std::string& j0) {
+    std::string s;
+    for (int i : based) {
+      std::string I = std::to_string(i), sl = "js" + I;
+      s += "      i64 tb" + I + "_0 = ib" + I + "_0 + " + j0 + " * " + sl + ", tb" + I + "_1 = ib" + I + "_1 + " + j0 +
+           " * " + sl + ";\n";
+    }
+    return s;
+  };
+  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
+  std::vector<std::string> idx;
+  for (int d = 0; d + 1 < Rp; ++d) {
+    at += "    i64 i" + std::to_string(d) + " = (e >> 1) ? x1_" + std::to_string(d) + " : x0_" + std::to_string(d) + ";\n";
+    idx.push_back("i" + std::to_string(d));
+  }
+  at += "    i64 " + jn + " = j;\n";
+  idx.push_back(jn);
+  // The 32 elements of a thread's fragment rows in a tile: rows g, g + 8 (e >> 1); keys t * 8 + q2 + (e & 1).
+  // A tile of 64 keys within the range needs no checks: rows past Tq read the block's first row through the bases
+  // (their results are never stored, and a copy of a row changes no vote), so only the range's last tile, printed
+  // apart, checks its keys and rows.
+  auto elements = [&](const std::function<std::string(const std::string&)>& body) {
+    auto loop = [&](const std::string& cond) {
+      return "#pragma unroll\n      for (int t = 0; t < 8; ++t)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
+             "          int jj = t * 8 + q2 + (e & 1);\n          i64 j = j0 + jj;\n" + body(cond) + "        }\n";
+    };
+    return "        if (j0 + 64 <= jhi) {\n" + loop("true") + "        } else {\n" +
+           loop("j < jhi && ((e >> 1) ? ok1 : ok0)") + "        }\n";
+  };
+
+  Text f;
+  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n"
+    << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
+  if (mreg >= 0)
+    f << "  __shared__ unsigned live_[32], dirty_[32];  // per key tile of a window: seen by a row; mask not 0 somewhere\n";
+  f << aliases
+    << "  i64 T = p[2], D = " << P(0) << ", N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3)
+    << ", nsplit = " << P(4) << ", chunk = " << P(5) << ";\n"
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, q2 = (lane & 3) * 2;\n"
+    << "  const float c_ = " << lit(sm.c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+    << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+    // (parameters read once, outside the loops' conditions: a load under a condition is not hoisted, so each
+    // element would wait for its stride's load first)
+    << "  const i64 kjs = " << kv.stride(Rq - 2) << ", kds = " << kv.stride(Rq - 1) << ", vjs = " << v.stride(Rv - 1)
+    << ", vds = " << v.stride(Rv - 2) << ";\n  const bool vec_ = " << P(6) << " != 0;\n";
+  for (int i : based) f << "  const i64 js" << i << " = " << ViewText{ps.views[size_t(i)]}.stride(Rp - 1) << ";\n";
+  f << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
+    // (the last row blocks first: under a causal mask they have the most live tiles, so the grid's tail is short)
+    << "    i64 t0 = (i64)(gridDim.x - 1 - blockIdx.x) * " << RB << ", rb_ = b * Tq + t0, kb, vb;\n"
+    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
+    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h);
+    f << "    i64 row" << H << " = rb_ + w * 16 + g + " << 8 * h << ", qb" << H << " = 0;\n"
+      << "    bool ok" << H << " = t0 + w * 16 + g + " << 8 * h << " < Tq;\n";
+    for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << H << "_" << d << " = 0;\n";
+    for (int i : based) f << "    i64 ib" << i << "_" << H << " = 0;\n";
+    f << "    {\n    i64 rr_ = ok" << H << " ? row" << H << " : rb_;  // (a row past Tq: the block's first)\n";
+    if (Rp > 1) {
+      f << unravel(st.views[3], 0, Rp - 1, "rr_", "u");
+      for (int i : based) f << "    ib" << i << "_" << H << " = " << base(ViewText{ps.views[size_t(i)]}, "u", Rp - 1) << ";\n";
+    } else {
+      for (int i : based) f << "    ib" << i << "_" << H << " = " << ViewText{ps.views[size_t(i)]}.off() << ";\n";
+    }
+    f << "    }\n";
+    f << "    if (ok" << H << ") {\n" << unravel(st.views[0], 0, Rq - 2, "row" + H, "a") << "    qb" << H << " = "
+      << base(q, "a", Rq - 2) << ";\n";
+    if (Rp > 1) {
+      f << "    {\n" << unravel(st.views[3], 0, Rp - 1, "row" + H, "u");
+      for (int d = 0; d + 1 < Rp; ++d) f << "    x" << H << "_" << d << " = u" << d << ";\n";
+      f << "    }\n";
+    }
+    f << "    }\n";
+  }
+  // Q's A fragments: a0 (row g, k q2..), a1 (row g+8, k q2..), a2 (row g, k q2+8..), a3 (row g+8, k q2+8..).
+  f << "    unsigned qf[" << D16 << "][4];\n#pragma unroll\n    for (int ks = 0; ks < " << D16 << "; ++ks)\n"
+    << "#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
+    << "        bool ok = (e & 1) ? ok1 : ok0;\n        i64 qb = (e & 1) ? qb1 : qb0;\n"
+    << "        int c = ks * 16 + q2 + (e >> 1) * 8;\n"
+    << "        float x0 = ok && c < D ? " << ld(0) << "qb + c * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+    << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+    << "        qf[ks][e] = " << pk << "(x0, x1);\n      }\n"
+    << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
+    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
+    << "    for (i64 w0 = jlo; w0 < jhi; w0 += 65536) {  // windows of 1024 tiles\n"
+    << "      int nt = (int)((min(jhi, w0 + 65536) - w0 + 63) / 64);\n"
+    << "      __syncthreads();  // (the last window's or batch's readers of the stages and bits are done)\n";
+  if (mreg >= 0) {
+    std::map<int, std::string> vg = given;
+    vg[plan.scores] = "0.0f";
+    f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n"
+      << "#pragma unroll 2\n      for (int tc = 0; tc < nt; ++tc) {\n        i64 j0 = w0 + (i64)tc * 64;\n"
+      << tile_bases("j0") << "        bool live = false, dirty = false;\n"
+      << elements([&](const std::string& cond) {
+           return "          if (" + cond + ") {\n" + at +
+                  program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(mreg)), size_t(-1), vg) +
+                  "          live |= (float)r" + std::to_string(mreg) + " != ninf;\n          dirty |= (float)r" +
+                  std::to_string(mreg) + " != 0.0f;\n          }\n";
+         })
+      << "        live = __any_sync(0xffffffffu, live);\n        dirty = __any_sync(0xffffffffu, dirty);\n"
+      << "        if (lane == 0 && live) atomicOr(&live_[tc >> 5], 1u << (tc & 31));\n"
+      << "        if (lane == 0 && dirty) atomicOr(&dirty_[tc >> 5], 1u << (tc & 31));\n      }\n"
+      << "      __syncthreads();\n"
+      << "      auto next_ = [&](int t) -> int {  // the first live tile from t (nt: none)\n"
+      << "        while (t < nt) {\n          unsigned m_ = live_[t >> 5] >> (t & 31);\n"
+      << "          if (m_) return t + __ffs(m_) - 1;\n          t = (t | 31) + 1;\n        }\n        return nt;\n      };\n";
+  } else {
+    f << "      auto next_ = [&](int t) -> int { return t; };\n";
+  }
+  // load_(j0, st): tile j0 of K and V into stage st, zeros past the keys and head sizes.
+  f << "      auto load_ = [&](i64 j0, int st) {\n"
+    << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
+  std::string vec_loop = "#pragma unroll\n          for (int x = tid; x < 64 * " + std::to_string(DH / 8) + "; x += " +
+                         std::to_string(TH) + ") {\n            int jj = x / " + std::to_string(DH / 8) + ", d = (x % " +
+                         std::to_string(DH / 8) + ") * 8;\n            i64 j = j0 + jj;\n";
+  if (async)  // (16-byte copies straight to shared memory: the cache is in the compute dtype)
+    f << "        if (vec_) {\n" << vec_loop
+      << "            bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
+      << "            cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * kjs + d : 0), okk);\n"
+      << "            cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * vjs + d : 0), okv);\n          }\n          return;\n        }\n";
+  else if (kv16 || f32kv)  // (8 elements of a row per thread, rounded to the compute dtype: one 16-byte store each)
+    f << "        if (vec_) {\n" << vec_loop
+      << "            float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, c[8] = {0.0f, 0.0f, 0.0f, 0.0f, "
+         "0.0f, 0.0f, 0.0f, 0.0f};\n"
+      << "            if (j < jhi && d < D) ld8_" << dtype_name(kst) << "(e1, kb + j * kjs + d, a);\n"
+      << "            if (j < jhi && d < N) ld8_" << dtype_name(vst) << "(e2, vb + j * vjs + d, c);\n"
+      << "            *(uint4*)&Ks[jj][d] = make_uint4(" << pk << "(a[0], a[1]), " << pk << "(a[2], a[3]), " << pk
+      << "(a[4], a[5]), " << pk << "(a[6], a[7]));\n"
+      << "            *(uint4*)&Vs[jj][d] = make_uint4(" << pk << "(c[0], c[1]), " << pk << "(c[2], c[3]), " << pk
+      << "(c[4], c[5]), " << pk << "(c[6], c[7]));\n          }\n          return;\n        }\n";
+  f << "        for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n          int jj = x / " << DH
+    << ", d = x % " << DH << ";\n          i64 j = j0 + jj;\n          float kx = 0.0f, vx = 0.0f;\n"
+    << "          if (j < jhi) {\n            if (d < D) kx = " << ld(1) << "kb + j * kjs + d * kds);\n"
+    << "            if (d < N) vx = " << ld(2) << "vb + d * vds + j * vjs);\n          }\n          Ks[jj][d] = " << cv << "(kx);\n          Vs[jj][d] = " << cv
+    << "(vx);\n        }\n      };\n"
+    << "      int tc = next_(0);\n      if (tc < nt) load_(w0 + (i64)tc * 64, 0);\n      cp_commit();\n"
+    << "      for (int st = 0; tc < nt; st ^= 1) {\n        int tn = next_(tc + 1);\n"
+    << "        if (tn < nt) load_(w0 + (i64)tn * 64, st ^ 1);\n        cp_commit();\n"
+    << "        cp_wait<1>();  // this thread's copies of tile tc done; the barrier: every thread's\n"
+    << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n"
+    << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
+    << tile_bases("j0")
+    // S = Q K^T: 8 tiles of 8 keys; K's B fragments for two k steps by one ldmatrix (matrices: k step ks, columns
+    // 0-7 and 8-15; then ks + 1), lane l giving row l & 7 of matrix l >> 3.
+    << "        float s[8][4];\n#pragma unroll\n        for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;\n"
+    << "#pragma unroll\n        for (int ks = 0; ks < " << D16 << "; ks += 2) {\n"
+    << "          int kl = ks + (lane >> 4) < " << D16 << " ? ks + (lane >> 4) : ks;\n"
+    << "#pragma unroll\n          for (int t = 0; t < 8; ++t) {\n            unsigned Bk[4];\n"
+    << "            ldsm_x4(Bk, smem_u32(&Ks[t * 8 + (lane & 7)][kl * 16 + ((lane >> 3) & 1) * 8]));\n"
+    << "            {\n              float* C = s[t];\n              const unsigned* A = qf[ks];\n"
+    << "              unsigned B0 = Bk[0], B1 = Bk[1];\n              " << mma << "\n            }\n"
+    << "            if (ks + 1 < " << D16 << ") {\n              float* C = s[t];\n              const unsigned* A = qf[ks + 1 < "
+    << D16 << " ? ks + 1 : ks];\n              unsigned B0 = Bk[2], B1 = Bk[3];\n              " << mma
+    << "\n            }\n          }\n        }\n";
+  // The row program on each score, then the online softmax per row (max and sum over the quad).
+  auto scores_loop = [&](std::map<int, std::string> gv) {
+    gv[plan.scores] = "s[t][e]";
+    return elements([&](const std::string& cond) {
+      return "          float x_ = ninf;\n          if (" + cond + ") {\n" + at +
+             program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), gv) +
+             "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n"
+             "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n";
+    });
+  };
+  f << "        float mx0 = ninf, mx1 = ninf;\n";
+  if (minput >= 0) {
+    std::map<int, std::string> clean = given;
+    clean[minput] = "0.0f";
+    f << "        if (!((dirty_[tc >> 5] >> (tc & 31)) & 1u)) {\n" << scores_loop(clean) << "        } else {\n"
+      << scores_loop(given) << "        }\n";
+  } else {
+    f << scores_loop(given);
+  }
+  f << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+    << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
+    << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
+    << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
+    << "        float mn0 = op_max(m0, mx0), mn1 = op_max(m1, mx1);\n"
+    << "        float mu0 = mn0 == ninf ? 0.0f : mn0, mu1 = mn1 == ninf ? 0.0f : mn1;\n"
+    << "        float al0 = fast_exp2((m0 - mu0) * c_), al1 = fast_exp2((m1 - mu1) * c_);\n"
+    << "        m0 = mn0;\n        m1 = mn1;\n        l0 *= al0;\n        l1 *= al1;\n"
+    << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) { o[t][0] *= al0; o[t][1] *= al0; o[t][2] *= al1; o[t][3] *= al1; }\n"
+    << "        float mc0 = mu0 * c_, mc1 = mu1 * c_;\n"
+    << "#pragma unroll\n        for (int t = 0; t < 8; ++t) {\n"
+    << "          s[t][0] = fast_exp2(s[t][0] * c_ - mc0); s[t][1] = fast_exp2(s[t][1] * c_ - mc0);\n"
+    << "          s[t][2] = fast_exp2(s[t][2] * c_ - mc1); s[t][3] = fast_exp2(s[t][3] * c_ - mc1);\n"
+    << "          l0 += s[t][0] + s[t][1];\n          l1 += s[t][2] + s[t][3];\n        }\n"
+    // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
+    // t + 1 by one ldmatrix.trans: (keys 0-7, columns t * 8..), (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..),
+    // (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
+    << "#pragma unroll\n        for (int kt = 0; kt < 4; ++kt) {\n          unsigned A[4];\n"
+    << "          A[0] = " << pk << "(s[2 * kt][0], s[2 * kt][1]);\n"
+    << "          A[1] = " << pk << "(s[2 * kt][2], s[2 * kt][3]);\n"
+    << "          A[2] = " << pk << "(s[2 * kt + 1][0], s[2 * kt + 1][1]);\n"
+    << "          A[3] = " << pk << "(s[2 * kt + 1][2], s[2 * kt + 1][3]);\n"
+    << "#pragma unroll\n          for (int t = 0; t < " << D8 << "; t += 2) {\n            unsigned Bv[4];\n"
+    << "            ldsm_x4_t(Bv, smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8]));\n"
+    << "#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n              float* C = o[t + h];\n"
+    << "              unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n              " << mma << "\n            }\n"
+    << "          }\n        }\n"
+    << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
+    << "        tc = tn;\n      }\n    }\n";
   // The rows: the quad's sums, then normalised rows, or this key range's partial result.
   f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
     << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"

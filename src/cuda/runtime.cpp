@@ -450,6 +450,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
                           dtype_size(s_.storage()[size_t(an.inputs[2].node)]) == 2 ? 8 : 4;
       bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % u == 0 && N % u == 0 && k.offset % u == 0 &&
                  vv.offset % u == 0;
+      if (v.kind == Variant::FlashMmaSkip) vec = vec && D % 8 == 0 && N % 8 == 0;  // (8 elements a load, float32 too)
       for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % u == 0;
       for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
       // LUMINAL_CUDA_KV16_VECTOR=0: a 16-bit cache staged element by element (no cp.async; comparison, fallback)
