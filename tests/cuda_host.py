@@ -58,7 +58,6 @@ inline int __dp4a(int a, int b, int c) {
   for (int i = 0; i < 4; ++i) c += int((signed char)(a >> (8 * i))) * int((signed char)(b >> (8 * i)));
   return c;
 }
-inline i64 divmod_(i64& r, i64 d) { i64 m = r % d; r /= d; return m; }
 inline int __float2int_rn(float f) { return int(std::nearbyint(f)); }
 inline float bits_f32(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline float f16_f32(u16 h) {

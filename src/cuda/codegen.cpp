@@ -120,18 +120,6 @@ __device__ __forceinline__ void pdl_start() {
 }
 // The GEMM's staging (gemm_kernel): 16-byte asynchronous copies into shared memory (src-size 0 fills zeros: the
 // rows and k past the edges), pairs of floats rounded to one register of 16-bit pairs, 8 x 8 fragment loads.
-// r's quotient by d replaces r, its remainder is returned (r >= 0, d > 0: a flat index over a shape): in 32 bits
-// where both fit, the usual case, since a 64-bit division is a long software routine.
-__device__ __forceinline__ i64 divmod_(i64& r, i64 d) {
-  if ((((unsigned long long)r | (unsigned long long)d) >> 32) == 0) {
-    unsigned q = (unsigned)r / (unsigned)d, m = (unsigned)r - q * (unsigned)d;
-    r = q;
-    return m;
-  }
-  i64 q = r / d, m = r - q * d;
-  r = q;
-  return m;
-}
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
@@ -241,7 +229,7 @@ std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat
   std::string out = "    i64 r_ = " + flat + ";\n";
   for (int d = to - 1; d >= from; --d) {
     if (d == from) out += "    i64 " + prefix + std::to_string(d) + " = r_;\n";
-    else out += "    i64 " + prefix + std::to_string(d) + " = divmod_(r_, " + v.shape(d) + ");\n";
+    else out += "    i64 " + prefix + std::to_string(d) + " = r_ % " + v.shape(d) + "; r_ /= " + v.shape(d) + ";\n";
   }
   return out;
 }
