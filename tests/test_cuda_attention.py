@@ -318,12 +318,13 @@ int main(int argc, char** argv) {
 """
 
 
-def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
+def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", window=None):
     """Runs the Attention step of fn(*inputs) (q, k, v, mask: graph inputs) through its printed `kind` kernel on the
     host, with the runtime's parameters (Runtime::applies: rows sharing k and v, one key range), once per value of
     the 16-byte staging flag in `vecs`; the outputs, flat, and the tiles skipped in each run. `kv_dtype`: k's and
     v's inputs in that dtype (a 16-bit KV cache: fn reads them through a float32 cast, which the kernel reads
-    through)."""
+    through). `window`: flash_tiles' window of key tiles classified at once, in keys (its 65536 shrunk to reach
+    several windows at a small size)."""
     cx = lm.Graph()
     ins = [cx.tensor(a.shape, kv_dtype if i in (1, 2) else "float32").set(a) for i, a in enumerate(arrays)]
     fn(*ins).output()
@@ -335,6 +336,9 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32"):
     (variants,) = [vs for nid, vs, _ in comp.schedule.kernels() if nid == aid]
     name = dict(variants)[kind]
     text = dict(comp.schedule.kernel_texts)[name]
+    if window:
+        assert text.count("65536") == 2, text
+        text = text.replace("65536", str(window))
     text = re.sub(r'asm volatile\("mma\.sync.*?\);', "{ unsigned Bq_[2] = {B0, B1}; mma_host(C, A, Bq_); "
                   "if (threadIdx.x == 0) ++MMAS; }", text, flags=re.S)
     stage = re.search(r"smem_ \+ st \* (\d+)", text)  # (a 16-bit cache: two stages in dynamic shared memory)
@@ -435,8 +439,9 @@ def test_flash_mma_masks(backend, rng, monkeypatch, case, dtype, fallback):
     check(fn, fn, arrays=arrays, dtype=dtype, backend=backend, rng=rng, name=f"flash-mma {case}", tol_scale=2)
 
 
-@pytest.mark.parametrize("case,kind", [(c, "flash-mma-skip") for c in HOST_CASES] + [("middle", "flash-mma")])
-def test_flash_mma_on_the_host(case, kind, tmp_path):
+@pytest.mark.parametrize("case,kind,window", [(c, "flash-mma-skip", None) for c in HOST_CASES] +
+                         [("middle", "flash-mma", None), ("causal", "flash-mma-skip", 128)])
+def test_flash_mma_on_the_host(case, kind, window, tmp_path):
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
     gen = np.random.default_rng(1)
@@ -444,8 +449,8 @@ def test_flash_mma_on_the_host(case, kind, tmp_path):
     fn, arrays = _host_case(case, lambda sh: torch.from_numpy(gen.standard_normal(sh).astype(np.float32))
                             .to(torch.bfloat16).float().numpy())
     want = fn(*map(torch.from_numpy, arrays)).numpy()
-    vecs = (0, 1) if HOST_CASES[case][4] % 4 == 0 else (0,)  # (the float4 staging, where the runtime takes it)
-    outs, skips = _attention_on_host(fn, arrays, kind, vecs, tmp_path)
+    vecs = (0, 1) if HOST_CASES[case][4] % 8 == 0 else (0,)  # (the 16-byte staging, where the runtime takes it)
+    outs, skips = _attention_on_host(fn, arrays, kind, vecs, tmp_path, window=window)  # (128: 2 tiles a window)
     for vec, got in zip(vecs, outs):
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
     # Tiles masked for all of a block's 64 rows: causal, the first row block's last two tiles and the second's last;
