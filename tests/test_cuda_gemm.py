@@ -546,6 +546,13 @@ def test_gemm_residual_aliasing(gemm, graphs, rng, case):
             h = torch.from_numpy(xs) * 2
             y1 = h + h.bfloat16().float() @ tw[0].T
             return [y1 + y1.bfloat16().float() @ tw[1].T]
+
+        # y1 is rounded to bfloat16 as the second product's operand: a y1 a rounding away from torch's (another
+        # order of its sums) may round the other way, moving the result by up to one rounding of y1 through w2
+        def slack(xs):
+            h = torch.from_numpy(xs) * 2
+            y1 = h + h.bfloat16().float() @ tw[0].T
+            return [2.0 ** -8 * (y1.abs() @ tw[1].abs().T).numpy()]
     elif case == "shared weights":
         outs = [(r + _linear(x, w1)).output()]
         want = lambda xs, rs: [torch.from_numpy(rs) + bf(xs) @ tw[0].T]
@@ -559,8 +566,13 @@ def test_gemm_residual_aliasing(gemm, graphs, rng, case):
         rs = rng.data(tuple(r.shape)).astype(np.float32)
         x.set(xs), r.set(rs)
         cx.execute()
-        for o, wt in zip(outs, want(xs, rs)):
-            np.testing.assert_allclose(o.numpy(), wt.numpy(), rtol=5e-3, atol=5e-3, err_msg=f"{gemm} {case} run {run}")
+        for k, (o, wt) in enumerate(zip(outs, want(xs, rs))):
+            if case == "chained":
+                bound = 5e-3 + 5e-3 * np.abs(wt.numpy()) + slack(xs)[k]
+                assert np.all(np.abs(o.numpy() - wt.numpy()) <= bound), f"{gemm} {case} run {run}"
+            else:
+                np.testing.assert_allclose(o.numpy(), wt.numpy(), rtol=5e-3, atol=5e-3,
+                                           err_msg=f"{gemm} {case} run {run}")
 
 
 def test_llama_batched_decode_fused(graphs, rng, monkeypatch, capfd):
