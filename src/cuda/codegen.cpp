@@ -451,6 +451,12 @@ struct Tiles {
 // The row program as softmax(x): x an element-wise function of the scores (scale, additive mask), then
 // exp2(c * (x - max x)) over its sum, c > 0 (what Tensor.softmax records). Such a program runs online (flash
 // attention): a running max and sum, rescaled as tiles of keys arrive, so the scores are never kept.
+// The text the two tensor-core attention kernels share (Generator::flash_text).
+struct FlashText {
+  std::string mma, rows, qf, at, store;
+  std::vector<std::string> idx;
+};
+
 struct SoftmaxForm {
   int x = -1;    // the register holding x
   double c = 1;  // exp2's scale
@@ -603,6 +609,8 @@ class Generator {
                         const std::string& aliases, const std::vector<std::string>& args, int DH);
   std::string flash_tiles(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                           const std::string& aliases, const std::vector<std::string>& args, int DH);
+  FlashText flash_text(const Step& st, const Node& n, int DH,
+                       const std::function<std::string(const std::string&)>& row_extra) const;
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -2000,6 +2008,85 @@ void Generator::attention_step(Step& st, const Node& n) {
   st.variants.push_back({Variant::AttentionRows, add_kernel(g.str())});
 }
 
+// The row offset of view `vt` at the row indices <pre>0.. of its first nd dims.
+std::string view_base(const ViewText& vt, const std::string& pre, int nd) {
+  std::string e = vt.off();
+  for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
+  return e;
+}
+
+// What flash_mma and flash_tiles print alike (D8, D16: the head sizes' 8s and 16s): the tensor-core product
+// C += A B; the thread's two rows (fragment rows g and g + 8 of its warp's 16: bases, validity, the program's row
+// indices, then `row_extra` of each); q's A fragments and the accumulators; the program's element indices at row
+// e >> 1, key j; the rows' end: the quad's sums, then normalised rows, or this key range's partial result.
+FlashText Generator::flash_text(const Step& st, const Node& n, int DH,
+                                const std::function<std::string(const std::string&)>& row_extra) const {
+  int Rq = st.views[0].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
+  ViewText q{st.views[0]};
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8);
+  std::string ld0 = "(float)ld_" + std::string(dtype_name(storage(n.inputs[0].node))) + "(e0, ";
+  FlashText t;
+  t.mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
+          ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
+          "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+  Text r;
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h);
+    r << "    i64 row" << H << " = rb_ + w * 16 + g + " << 8 * h << ", qb" << H << " = 0;\n"
+      << "    bool ok" << H << " = t0 + w * 16 + g + " << 8 * h << " < Tq;\n";
+    for (int d = 0; d + 1 < Rp; ++d) r << "    i64 x" << H << "_" << d << " = 0;\n";
+    r << row_extra(H);
+    r << "    if (ok" << H << ") {\n" << unravel(st.views[0], 0, Rq - 2, "row" + H, "a") << "    qb" << H << " = "
+      << view_base(q, "a", Rq - 2) << ";\n";
+    if (Rp > 1) {
+      r << "    {\n" << unravel(st.views[3], 0, Rp - 1, "row" + H, "u");
+      for (int d = 0; d + 1 < Rp; ++d) r << "    x" << H << "_" << d << " = u" << d << ";\n";
+      r << "    }\n";
+    }
+    r << "    }\n";
+  }
+  t.rows = r.str();
+  // Q's A fragments: a0 (row g, k q2..), a1 (row g+8, k q2..), a2 (row g, k q2+8..), a3 (row g+8, k q2+8..).
+  Text qf;
+  qf << "    unsigned qf[" << D16 << "][4];\n#pragma unroll\n    for (int ks = 0; ks < " << D16 << "; ++ks)\n"
+     << "#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
+     << "        bool ok = (e & 1) ? ok1 : ok0;\n        i64 qb = (e & 1) ? qb1 : qb0;\n"
+     << "        int c = ks * 16 + q2 + (e >> 1) * 8;\n"
+     << "        float x0 = ok && c < D ? " << ld0 << "qb + c * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+     << "        float x1 = ok && c + 1 < D ? " << ld0 << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
+     << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
+     << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
+     << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n";
+  t.qf = qf.str();
+  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_";
+  for (int d = 0; d + 1 < Rp; ++d) {
+    t.at += "    i64 i" + std::to_string(d) + " = (e >> 1) ? x1_" + std::to_string(d) + " : x0_" + std::to_string(d) + ";\n";
+    t.idx.push_back("i" + std::to_string(d));
+  }
+  t.at += "    i64 " + jn + " = j;\n";
+  t.idx.push_back(jn);
+  Text e;
+  e << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
+    << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
+    << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
+  for (int h = 0; h < 2; ++h) {
+    std::string H = std::to_string(h), e0 = std::to_string(2 * h), e1 = std::to_string(2 * h + 1);
+    e << "    if (ok" << H << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << H << ";\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) o_[row" << H << " * N + c] = o[t][" << e0 << "] * inv;\n"
+      << "          if (c + 1 < N) o_[row" << H << " * N + c + 1] = o[t][" << e1 << "] * inv;\n        }\n"
+      << "      } else {\n        float* part = w_ + (row" << H << " * nsplit + blockIdx.z) * (N + 2);\n"
+      << "        if ((lane & 3) == 0) { part[0] = m" << H << "; part[1] = l" << H << "; }\n"
+      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
+      << "          if (c < N) part[2 + c] = o[t][" << e0 << "];\n"
+      << "          if (c + 1 < N) part[3 + c] = o[t][" << e1 << "];\n        }\n      }\n    }\n";
+  }
+  e << "  }\n}\n";
+  t.store = e.str();
+  return t;
+}
+
 // Flash attention on tensor cores (mma.sync m16n8k16, q, k, p and v rounded to the 16-bit compute dtype, float32
 // accumulators, as the tensor-core MatMul), the fallback of flash_tiles for any additive program: 16 query rows per
 // warp, 8 warps per block, q fragments in registers; keys in tiles of 64: K (key-major) and V (transposed) staged in
@@ -2010,23 +2097,17 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
                                  const std::string& aliases, const std::vector<std::string>& args, int DH) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
   const Program& prog = plan.prog;
-  int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
+  int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank;
   auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
-  ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
-  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
-    std::string e = vt.off();
-    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
-    return e;
-  };
+  ViewText kv{st.views[1]}, v{st.views[2]};
   auto ld = [&](int e) {
     return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
   };
-  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+  std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
-  std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
-                    ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
-                    "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+  FlashText ft = flash_text(st, n, DH, [](const std::string&) { return std::string(); });
+  const std::string& mma = ft.mma;
   Text f;
   f << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(args) << " {\n"
     << "  __shared__ __align__(16) u16 Ks[64][" << DH + 8 << "], Vt[" << DHs << "][72];\n"
@@ -2038,43 +2119,12 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
     << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
     << "    i64 t0 = (i64)blockIdx.x * 128, rb_ = b * Tq + t0, kb, vb;\n"
-    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
-    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
-  // This thread's two rows (fragment rows g and g + 8 of its warp's 16): bases, validity, the program's indices.
-  for (int h = 0; h < 2; ++h) {
-    std::string H = std::to_string(h);
-    f << "    i64 row" << H << " = rb_ + w * 16 + g + " << 8 * h << ", qb" << H << " = 0;\n"
-      << "    bool ok" << H << " = t0 + w * 16 + g + " << 8 * h << " < Tq;\n";
-    for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << H << "_" << d << " = 0;\n";
-    f << "    if (ok" << H << ") {\n" << unravel(st.views[0], 0, Rq - 2, "row" + H, "a") << "    qb" << H << " = "
-      << base(q, "a", Rq - 2) << ";\n";
-    if (Rp > 1) {
-      f << "    {\n" << unravel(st.views[3], 0, Rp - 1, "row" + H, "u");
-      for (int d = 0; d + 1 < Rp; ++d) f << "    x" << H << "_" << d << " = u" << d << ";\n";
-      f << "    }\n";
-    }
-    f << "    }\n";
-  }
-  // Q's A fragments: a0 (row g, k q2..), a1 (row g+8, k q2..), a2 (row g, k q2+8..), a3 (row g+8, k q2+8..).
-  f << "    unsigned qf[" << D16 << "][4];\n#pragma unroll\n    for (int ks = 0; ks < " << D16 << "; ++ks)\n"
-    << "#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
-    << "        bool ok = (e & 1) ? ok1 : ok0;\n        i64 qb = (e & 1) ? qb1 : qb0;\n"
-    << "        int c = ks * 16 + q2 + (e >> 1) * 8;\n"
-    << "        float x0 = ok && c < D ? " << ld(0) << "qb + c * " << q.stride(Rq - 1) << ") : 0.0f;\n"
-    << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
-    << "        qf[ks][e] = (unsigned)" << cv << "(x0) | ((unsigned)" << cv << "(x1) << 16);\n      }\n"
-    << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
-    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
+    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << view_base(kv, "a", Rq - 2) << ";\n    }\n"
+    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << view_base(v, "a", Rv - 2) << ";\n    }\n";
+  f << ft.rows << ft.qf
     << "    for (i64 j0 = jlo; j0 < jhi; j0 += 64) {\n      __syncthreads();\n";
-  // The program's element indices: the thread's row (fragment row g, or g + 8 for e >> 1), key j.
-  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
-  std::vector<std::string> idx;
-  for (int d = 0; d + 1 < Rp; ++d) {
-    at += "    i64 i" + std::to_string(d) + " = (e >> 1) ? x1_" + std::to_string(d) + " : x0_" + std::to_string(d) + ";\n";
-    idx.push_back("i" + std::to_string(d));
-  }
-  at += "    i64 " + jn + " = j;\n";
-  idx.push_back(jn);
+  const std::string& at = ft.at;
+  const std::vector<std::string>& idx = ft.idx;
   // The tiles: K as Ks[key][d], V transposed as Vt[n][key], in the compute dtype, zeros outside.
   if (f32kv)
     f << "      if (" << P(6) << ") {\n#pragma unroll 4\n        for (int x = tid; x < 64 * " << DH / 4
@@ -2131,23 +2181,7 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
     << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          float* C = o[t];\n"
     << "          unsigned B0 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2], B1 = *(const unsigned*)&Vt[t * 8 + g][kt * 16 + q2 + 8];\n"
     << "          " << mma << "\n        }\n      }\n    }\n";
-  // The rows: the quad's sums, then normalised rows, or this key range's partial result.
-  f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
-    << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
-    << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
-  for (int h = 0; h < 2; ++h) {
-    std::string H = std::to_string(h), e0 = std::to_string(2 * h), e1 = std::to_string(2 * h + 1);
-    f << "    if (ok" << H << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << H << ";\n"
-      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
-      << "          if (c < N) o_[row" << H << " * N + c] = o[t][" << e0 << "] * inv;\n"
-      << "          if (c + 1 < N) o_[row" << H << " * N + c + 1] = o[t][" << e1 << "] * inv;\n        }\n"
-      << "      } else {\n        float* part = w_ + (row" << H << " * nsplit + blockIdx.z) * (N + 2);\n"
-      << "        if ((lane & 3) == 0) { part[0] = m" << H << "; part[1] = l" << H << "; }\n"
-      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
-      << "          if (c < N) part[2 + c] = o[t][" << e0 << "];\n"
-      << "          if (c + 1 < N) part[3 + c] = o[t][" << e1 << "];\n        }\n      }\n    }\n";
-  }
-  f << "  }\n}\n";
+  f << ft.store;
   return add_kernel(f.str());
 }
 
@@ -2167,26 +2201,17 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   const Program& prog = plan.prog;
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
   auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
-  ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
-  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
-    std::string e = vt.off();
-    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
-    return e;
-  };
+  ViewText kv{st.views[1]}, v{st.views[2]};
   auto ld = [&](int e) {
     return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
   };
   std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16", pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
-  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16";
   DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
   bool f32kv = kst == DType::F32 && vst == DType::F32, kv16 = dtype_size(kst) == 2 && dtype_size(vst) == 2;
   bool async = kst == compute_ && vst == compute_;
   const int TH = 128, RB = 64;
   std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
   int D16 = DH / 16, D8 = DH / 8;
-  std::string mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
-                    ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
-                    "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
   // The additive mask's register (mreg), and the input it loads as stored (minput), as flash_mma's vote.
   int mreg = -1;
   const Instr& xi = prog.code[size_t(sm.x)];
@@ -2206,7 +2231,6 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     if (i != plan.scores && !ps.views[size_t(i)].masked && ps.views[size_t(i)].rank == Rp) based.push_back(i);
   std::map<int, std::string> given;
   for (int i : based) {
-    ViewText vt{ps.views[size_t(i)]};
     std::string I = std::to_string(i);
     given[i] = "ld_" + std::string(dtype_name(storage(pn.inputs[size_t(i)].node))) + "(in" + I + ", ((e >> 1) ? tb" + I +
                "_1 : tb" + I + "_0) + jj * js" + I + ")";
@@ -2220,14 +2244,22 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     }
     return s;
   };
-  std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_", at;
-  std::vector<std::string> idx;
-  for (int d = 0; d + 1 < Rp; ++d) {
-    at += "    i64 i" + std::to_string(d) + " = (e >> 1) ? x1_" + std::to_string(d) + " : x0_" + std::to_string(d) + ";\n";
-    idx.push_back("i" + std::to_string(d));
-  }
-  at += "    i64 " + jn + " = j;\n";
-  idx.push_back(jn);
+  // The thread's rows (flash_text) and, per row, its bases of those inputs; a row past Tq takes the block's first
+  FlashText ft = flash_text(st, n, DH, [&](const std::string& H) {
+    std::string r;
+    for (int i : based) r += "    i64 ib" + std::to_string(i) + "_" + H + " = 0;\n";
+    r += "    {\n    i64 rr_ = ok" + H + " ? row" + H + " : rb_;  // (a row past Tq: the block's first)\n";
+    if (Rp > 1) {
+      r += unravel(st.views[3], 0, Rp - 1, "rr_", "u");
+      for (int i : based)
+        r += "    ib" + std::to_string(i) + "_" + H + " = " + view_base(ViewText{ps.views[size_t(i)]}, "u", Rp - 1) + ";\n";
+    } else {
+      for (int i : based) r += "    ib" + std::to_string(i) + "_" + H + " = " + ViewText{ps.views[size_t(i)]}.off() + ";\n";
+    }
+    return r + "    }\n";
+  });
+  const std::string &mma = ft.mma, &at = ft.at;
+  const std::vector<std::string>& idx = ft.idx;
   // The 32 elements of a thread's fragment rows in a tile: rows g, g + 8 (e >> 1); keys t * 8 + q2 + (e & 1).
   // A tile of 64 keys within the range needs no checks: rows past Tq read the block's first row through the bases
   // (their results are never stored, and a copy of a row changes no vote), so only the range's last tile, printed
@@ -2260,41 +2292,9 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   f << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
     // (the last row blocks first: under a causal mask they have the most live tiles, so the grid's tail is short)
     << "    i64 t0 = (i64)(gridDim.x - 1 - blockIdx.x) * " << RB << ", rb_ = b * Tq + t0, kb, vb;\n"
-    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << base(kv, "a", Rq - 2) << ";\n    }\n"
-    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << base(v, "a", Rv - 2) << ";\n    }\n";
-  for (int h = 0; h < 2; ++h) {
-    std::string H = std::to_string(h);
-    f << "    i64 row" << H << " = rb_ + w * 16 + g + " << 8 * h << ", qb" << H << " = 0;\n"
-      << "    bool ok" << H << " = t0 + w * 16 + g + " << 8 * h << " < Tq;\n";
-    for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << H << "_" << d << " = 0;\n";
-    for (int i : based) f << "    i64 ib" << i << "_" << H << " = 0;\n";
-    f << "    {\n    i64 rr_ = ok" << H << " ? row" << H << " : rb_;  // (a row past Tq: the block's first)\n";
-    if (Rp > 1) {
-      f << unravel(st.views[3], 0, Rp - 1, "rr_", "u");
-      for (int i : based) f << "    ib" << i << "_" << H << " = " << base(ViewText{ps.views[size_t(i)]}, "u", Rp - 1) << ";\n";
-    } else {
-      for (int i : based) f << "    ib" << i << "_" << H << " = " << ViewText{ps.views[size_t(i)]}.off() << ";\n";
-    }
-    f << "    }\n";
-    f << "    if (ok" << H << ") {\n" << unravel(st.views[0], 0, Rq - 2, "row" + H, "a") << "    qb" << H << " = "
-      << base(q, "a", Rq - 2) << ";\n";
-    if (Rp > 1) {
-      f << "    {\n" << unravel(st.views[3], 0, Rp - 1, "row" + H, "u");
-      for (int d = 0; d + 1 < Rp; ++d) f << "    x" << H << "_" << d << " = u" << d << ";\n";
-      f << "    }\n";
-    }
-    f << "    }\n";
-  }
-  // Q's A fragments: a0 (row g, k q2..), a1 (row g+8, k q2..), a2 (row g, k q2+8..), a3 (row g+8, k q2+8..).
-  f << "    unsigned qf[" << D16 << "][4];\n#pragma unroll\n    for (int ks = 0; ks < " << D16 << "; ++ks)\n"
-    << "#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
-    << "        bool ok = (e & 1) ? ok1 : ok0;\n        i64 qb = (e & 1) ? qb1 : qb0;\n"
-    << "        int c = ks * 16 + q2 + (e >> 1) * 8;\n"
-    << "        float x0 = ok && c < D ? " << ld(0) << "qb + c * " << q.stride(Rq - 1) << ") : 0.0f;\n"
-    << "        float x1 = ok && c + 1 < D ? " << ld(0) << "qb + (c + 1) * " << q.stride(Rq - 1) << ") : 0.0f;\n"
-    << "        qf[ks][e] = " << pk << "(x0, x1);\n      }\n"
-    << "    float m0 = ninf, m1 = ninf, l0 = 0.0f, l1 = 0.0f, o[" << D8 << "][4];\n"
-    << "#pragma unroll\n    for (int t = 0; t < " << D8 << "; ++t) o[t][0] = o[t][1] = o[t][2] = o[t][3] = 0.0f;\n"
+    << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << view_base(kv, "a", Rq - 2) << ";\n    }\n"
+    << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << view_base(v, "a", Rv - 2) << ";\n    }\n";
+  f << ft.rows << ft.qf
     << "    for (i64 w0 = jlo; w0 < jhi; w0 += 65536) {  // windows of 1024 tiles\n"
     << "      int nt = (int)((min(jhi, w0 + 65536) - w0 + 63) / 64);\n"
     << "      __syncthreads();  // (the last window's or batch's readers of the stages and bits are done)\n";
@@ -2413,23 +2413,7 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     << "          }\n        }\n"
     << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
     << "        tc = tn;\n      }\n    }\n";
-  // The rows: the quad's sums, then normalised rows, or this key range's partial result.
-  f << "    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);\n    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);\n"
-    << "    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);\n    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);\n"
-    << "    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n";
-  for (int h = 0; h < 2; ++h) {
-    std::string H = std::to_string(h), e0 = std::to_string(2 * h), e1 = std::to_string(2 * h + 1);
-    f << "    if (ok" << H << ") {\n      if (nsplit == 1) {\n        float inv = 1.0f / l" << H << ";\n"
-      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
-      << "          if (c < N) o_[row" << H << " * N + c] = o[t][" << e0 << "] * inv;\n"
-      << "          if (c + 1 < N) o_[row" << H << " * N + c + 1] = o[t][" << e1 << "] * inv;\n        }\n"
-      << "      } else {\n        float* part = w_ + (row" << H << " * nsplit + blockIdx.z) * (N + 2);\n"
-      << "        if ((lane & 3) == 0) { part[0] = m" << H << "; part[1] = l" << H << "; }\n"
-      << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) {\n          i64 c = t * 8 + q2;\n"
-      << "          if (c < N) part[2 + c] = o[t][" << e0 << "];\n"
-      << "          if (c + 1 < N) part[3 + c] = o[t][" << e1 << "];\n        }\n      }\n    }\n";
-  }
-  f << "  }\n}\n";
+  f << ft.store;
   return add_kernel(f.str());
 }
 
