@@ -2263,12 +2263,14 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   // The 32 elements of a thread's fragment rows in a tile: rows g, g + 8 (e >> 1); keys t * 8 + q2 + (e & 1).
   // A tile of 64 keys within the range needs no checks: rows past Tq read the block's first row through the bases
   // (their results are never stored, and a copy of a row changes no vote), so only the range's last tile, printed
-  // apart, checks its keys and rows.
-  auto elements = [&](const std::function<std::string(const std::string&)>& body) {
+  // apart, checks its keys and rows. (`fast` false: checked always; the scores of a tile whose mask is loaded,
+  // whose 32 loads at once in the unchecked copy made the kernel spill.)
+  auto elements = [&](const std::function<std::string(const std::string&)>& body, bool fast = true) {
     auto loop = [&](const std::string& cond) {
       return "#pragma unroll\n      for (int t = 0; t < 8; ++t)\n#pragma unroll\n        for (int e = 0; e < 4; ++e) {\n"
              "          int jj = t * 8 + q2 + (e & 1);\n          i64 j = j0 + jj;\n" + body(cond) + "        }\n";
     };
+    if (!fast) return loop("j < jhi && ((e >> 1) ? ok1 : ok0)");
     return "        if (j0 + 64 <= jhi) {\n" + loop("true") + "        } else {\n" +
            loop("j < jhi && ((e >> 1) ? ok1 : ok0)") + "        }\n";
   };
@@ -2366,23 +2368,23 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     << D16 << " ? ks + 1 : ks];\n              unsigned B0 = Bk[2], B1 = Bk[3];\n              " << mma
     << "\n            }\n          }\n        }\n";
   // The row program on each score, then the online softmax per row (max and sum over the quad).
-  auto scores_loop = [&](std::map<int, std::string> gv) {
+  auto scores_loop = [&](std::map<int, std::string> gv, bool fast) {
     gv[plan.scores] = "s[t][e]";
     return elements([&](const std::string& cond) {
       return "          float x_ = ninf;\n          if (" + cond + ") {\n" + at +
              program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), gv) +
              "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n"
              "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n";
-    });
+    }, fast);
   };
   f << "        float mx0 = ninf, mx1 = ninf;\n";
   if (minput >= 0) {
     std::map<int, std::string> clean = given;
     clean[minput] = "0.0f";
-    f << "        if (!((dirty_[tc >> 5] >> (tc & 31)) & 1u)) {\n" << scores_loop(clean) << "        } else {\n"
-      << scores_loop(given) << "        }\n";
+    f << "        if (!((dirty_[tc >> 5] >> (tc & 31)) & 1u)) {\n" << scores_loop(clean, true) << "        } else {\n"
+      << scores_loop(given, false) << "        }\n";
   } else {
-    f << scores_loop(given);
+    f << scores_loop(given, given.empty());
   }
   f << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
     << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
