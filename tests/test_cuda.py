@@ -117,6 +117,35 @@ def test_each_step_lists_its_kernel_variants(dtype, fast):
     del mm, v, r, t
 
 
+_PTXAS_LOG = """ptxas info    : 11 bytes gmem
+ptxas info    : Compiling entry function 'k21' for 'sm_90'
+ptxas info    : Function properties for k21
+    88 bytes stack frame, 84 bytes spill stores, 308 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 88 bytes cumulative stack size, 256 bytes smem
+ptxas info    : Compiling entry function 'k3' for 'sm_90'
+ptxas info    : Function properties for k3
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 0 barriers
+"""
+
+
+def test_kernel_resources_reads_ptxas_and_names_the_steps():
+    """benchmarks/kernel_resources.py: ptxas's report per kernel, and the steps each of a model's kernels serves
+    (generated without a GPU); the nvcc run itself only where the toolkit is installed."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_resources.py"
+    spec = importlib.util.spec_from_file_location("kernel_resources", path)
+    kr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kr)
+    assert kr.parse_ptxas(_PTXAS_LOG) == {
+        "k21": {"registers": 255, "spill_stores": 84, "spill_loads": 308, "stack": 88, "smem": 256},
+        "k3": {"registers": 32, "spill_stores": 0, "spill_loads": 0, "stack": 0, "smem": 0}}
+    source, ops = kr.generate("135m", "bfloat16", "bfloat16")
+    assert "Attention/flash-mma-skip" in ops.values()
+    assert all(f"void {k}(" in source for k in ops)
+
+
 def test_compiler_rejects_a_non_float_compute_dtype():
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         lm.CudaCompiler("int32")
