@@ -2244,7 +2244,7 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     }
     return s;
   };
-  // The thread's rows (flash_text) and, per row, its bases of those inputs; a row past Tq takes the block's first
+  // The thread's rows (flash_text), each with its bases of those inputs (a row past Tq takes the block's first).
   FlashText ft = flash_text(st, n, DH, [&](const std::string& H) {
     std::string r;
     for (int i : based) r += "    i64 ib" + std::to_string(i) + "_" + H + " = 0;\n";
