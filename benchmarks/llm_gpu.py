@@ -20,12 +20,13 @@ eager, ~10x slower, runs once.
     PYTHONPATH=python python3 benchmarks/llm_gpu.py [--models 8b,135m] [--decode 256] [--prefill 2048] [--reps 3]
         [--no-compile] [--luminal-only] [--graphs-off] [--pdl-off] [--trace] [--profile] [--no-flash]
         [--batches 1,8,32] [--only batch] [--contexts 128,4096,8192] [--prefills 512,2048,8192]
-        [--cache-dtype auto|float32|bfloat16|float16]
+        [--cache-dtype auto|float32|bfloat16|float16] [--layers N]
 --batches adds batched decode rows (run_batches: Session(batch=B) against a batched compiled loop, tok/s summed
 over the batch); --only batch skips the other rows. --models 8b-q8: the 8B shape with Q8_0 projections and head
 (run_q8: quantised on the GPU, luminal alone; GB/s on the Q8_0 bytes). --contexts / --prefills add long-cache
 decode and prefill rows (run_contexts; --only context). --cache-dtype: luminal's KV cache (Session(cache_dtype=));
 by default bfloat16 for the 8B shapes (as the peers' caches) and float32 for 135m; printed in each table's header.
+--layers N builds every shape with N layers (quick profiles: with --profile, each kernel kind's time for N layers).
 """
 from __future__ import annotations
 
