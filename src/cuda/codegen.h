@@ -55,14 +55,15 @@ struct Variant {
     QGemm,         // QMatMul Q8_0 over more rows (prefill): 64 x 64 tiles on tensor cores, a 16-bit compute dtype
     QDot,          // QMatMul Q8_0 over a few rows (decode) by __dp4a: Step::prep_fn quantises the activations to
                    // int8 blocks in the workspace first, then a block of 8 warps per 4 outputs
-    FlashMmaSkip,  // FlashMma with V row-major (ldmatrix.trans) and tiles whose scores the row program masks
-                   // entirely (-inf for all the block's rows: causal prefill) skipped; LUMINAL_CUDA_FLASH_MMA_SKIP=0: off
+    FlashMmaSkip,  // prefill attention on tensor cores (flash_tiles): 64 query rows per block, K and V in two
+                   // cp.async stages, the additive mask classified first (tiles no row sees never loaded, tiles whose
+                   // loaded mask is 0 run without it); LUMINAL_CUDA_FLASH_MMA_SKIP=0: FlashMma instead
     QRows,         // QMatMul Q8_0 over one row (decode) as MatVec does (dot_rows: a warp per output, float activations,
                    // the quants unpacked in registers): what a MatVec group takes a Q8_0 member in
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
-  int threads = 0;  // the block size where it is not the kind's usual one (FlashMmaSkip over a 16-bit cache)
+  int threads = 0;  // the block size where it is not the kind's usual one (FlashMmaSkip's 128)
 };
 const char* variant_name(Variant::Kind k);
 
