@@ -226,9 +226,9 @@ def test_flash_attention_flag():
 
 # ---- the tensor-core kernels run on the host (no GPU needed) --------------------------------------------------------
 # The printed flash-mma kernels compiled as C++ (cuda_host.py: a thread per CUDA thread, mma.sync through shared
-# fragments), with __syncthreads_or and ldmatrix.trans emulated through shared arrays between block barriers (the
-# kernels call them in uniform control flow). What CI can check of their indexing, the skipped tiles and the float32
-# 16-byte staging beyond NVRTC's compile.
+# fragments), with ldmatrix and the warp votes emulated through shared arrays between barriers (the kernels call them
+# in uniform control flow). What CI can check of their indexing, the skipped tiles and the 16-byte staging beyond
+# NVRTC's compile.
 _HOST_ATTN = r"""
 struct float4 { float x, y, z, w; };
 struct uint2 { unsigned x, y; };
@@ -242,16 +242,6 @@ template <class T> inline T op_max(T acc, T x) { return (std::isnan(x) || x > ac
 template <class T> inline T rd_float32(T v) { return (T)(float)v; }
 static int MMAS;  // (thread 0's tensor-core products: a fixed number per tile computed)
 inline float __shfl_xor_sync(unsigned, float v, int m) { return shfl_xor(v, m); }
-inline int __syncthreads_or(int v) {
-  static int any;
-  if (threadIdx.x == 0) any = 0;
-  __syncthreads();
-  if (v) { std::lock_guard<std::mutex> l(atomics); any = 1; }
-  __syncthreads();
-  int r = any;
-  __syncthreads();
-  return r;
-}
 inline bool __any_sync(unsigned, bool v) {  // (through the warp's shuffle buffer: any lane's value)
   int t = threadIdx.x;
   xbuf[t] = v;
