@@ -234,6 +234,13 @@ std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat
   return out;
 }
 
+// The row offset of view `vt` at the row indices <pre>0.. of its first nd dims.
+std::string view_base(const ViewText& vt, const std::string& pre, int nd) {
+  std::string e = vt.off();
+  for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
+  return e;
+}
+
 std::vector<std::string> names(const std::string& prefix, int from, int to) {
   std::vector<std::string> v;
   for (int d = from; d < to; ++d) v.push_back(prefix + std::to_string(d));
@@ -611,6 +618,10 @@ class Generator {
                           const std::string& aliases, const std::vector<std::string>& args, int DH);
   FlashText flash_text(const Step& st, const Node& n, int DH,
                        const std::function<std::string(const std::string&)>& row_extra) const;
+  // The attention kernels' load of edge e's element as float, up to its offset: "(float)ld_<storage>(e<e>, "
+  std::string edge_load(const Node& n, int e) const {
+    return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
+  }
 };
 
 // Registers are float unless a value may be an integer float cannot hold exactly.
@@ -1693,12 +1704,7 @@ void Generator::attention_step(Step& st, const Node& n) {
   int Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = ne > 3 ? st.views[3].rank : 0;
   if (Rq < 2 || Rv < 2) throw std::logic_error("CUDA codegen: attention operands of rank < 2");
   ViewText q{st.views[0]}, kv{st.views[1]}, v{st.views[2]};
-  auto base = [](const ViewText& vt, const std::string& pre, int nd) {
-    std::string e = vt.off();
-    for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
-    return e;
-  };
-  auto ld = [&](int e) { return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", "; };
+  auto ld = [&](int e) { return edge_load(n, e); };
   std::vector<std::string> args = names("e", 0, ne);
   args.push_back("ws");
   std::string jn = Rp ? "i" + std::to_string(Rp - 1) : "j_";
@@ -1710,11 +1716,11 @@ void Generator::attention_step(Step& st, const Node& n) {
   };
   // The scores' row bases at flat row `row` (q's and k's view share their shape).
   auto qk_bases = [&](const std::string& row) {
-    return "    {\n" + unravel(st.views[0], 0, Rq - 2, row, "a") + "    qb = " + base(q, "a", Rq - 2) +
-           "; kb = " + base(kv, "a", Rq - 2) + ";\n    }\n";
+    return "    {\n" + unravel(st.views[0], 0, Rq - 2, row, "a") + "    qb = " + view_base(q, "a", Rq - 2) +
+           "; kb = " + view_base(kv, "a", Rq - 2) + ";\n    }\n";
   };
   auto v_base = [&](const std::string& row) {
-    return "    {\n" + unravel(st.views[2], 0, Rv - 2, row, "a") + "    vb = " + base(v, "a", Rv - 2) + ";\n    }\n";
+    return "    {\n" + unravel(st.views[2], 0, Rv - 2, row, "a") + "    vb = " + view_base(v, "a", Rv - 2) + ";\n    }\n";
   };
 
   std::optional<SoftmaxForm> sm = softmax_form(prog);
@@ -1792,7 +1798,7 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "    for (int x = tid; x < " << RW * Dc << "; x += 128) {\n"
         << "      int rr = x / " << Dc << ", d = x % " << Dc << ";\n      float val = 0.0f;\n"
         << "      if (t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
-        << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << base(q, "a", Rq - 2) << " + d * "
+        << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << view_base(q, "a", Rq - 2) << " + d * "
         << q.stride(Rq - 1) << ");\n      }\n      Qs[rr][d] = val;\n    }\n";
       for (int i = 0; i < RW; ++i) {
         std::string I = std::to_string(i);
@@ -1906,7 +1912,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       << "    for (int x = tid; x < 16 * 128; x += 128) {\n"
       << "      int rr = x >> 7, d = x & 127;\n      float val = 0.0f;\n"
       << "      if (d < D && t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
-      << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << base(q, "a", Rq - 2) << " + d * "
+      << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << view_base(q, "a", Rq - 2) << " + d * "
       << q.stride(Rq - 1) << ");\n      }\n      Qs[rr][d] = val;\n    }\n";
     for (int i = 0; i < W; ++i) {
       std::string I = std::to_string(i);
@@ -2008,13 +2014,6 @@ void Generator::attention_step(Step& st, const Node& n) {
   st.variants.push_back({Variant::AttentionRows, add_kernel(g.str())});
 }
 
-// The row offset of view `vt` at the row indices <pre>0.. of its first nd dims.
-std::string view_base(const ViewText& vt, const std::string& pre, int nd) {
-  std::string e = vt.off();
-  for (int d = 0; d < nd; ++d) e += " + " + pre + std::to_string(d) + " * " + vt.stride(d);
-  return e;
-}
-
 // What flash_mma and flash_tiles print alike (D8, D16: the head sizes' 8s and 16s): the tensor-core product
 // C += A B; the thread's two rows (fragment rows g and g + 8 of its warp's 16: bases, validity, the program's row
 // indices, then `row_extra` of each); q's A fragments and the accumulators; the program's element indices at row
@@ -2025,7 +2024,7 @@ FlashText Generator::flash_text(const Step& st, const Node& n, int DH,
   ViewText q{st.views[0]};
   std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8);
-  std::string ld0 = "(float)ld_" + std::string(dtype_name(storage(n.inputs[0].node))) + "(e0, ";
+  std::string ld0 = edge_load(n, 0);
   FlashText t;
   t.mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
           ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
@@ -2100,9 +2099,7 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank;
   auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
   ViewText kv{st.views[1]}, v{st.views[2]};
-  auto ld = [&](int e) {
-    return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
-  };
+  auto ld = [&](int e) { return edge_load(n, e); };
   std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
   bool f32kv = storage(n.inputs[1].node) == DType::F32 && storage(n.inputs[2].node) == DType::F32;
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8), DHs = std::to_string(DH);
@@ -2202,9 +2199,7 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
   auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
   ViewText kv{st.views[1]}, v{st.views[2]};
-  auto ld = [&](int e) {
-    return "(float)ld_" + std::string(dtype_name(storage(n.inputs[size_t(e)].node))) + "(e" + std::to_string(e) + ", ";
-  };
+  auto ld = [&](int e) { return edge_load(n, e); };
   std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16", pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
   DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
   bool f32kv = kst == DType::F32 && vst == DType::F32, kv16 = dtype_size(kst) == 2 && dtype_size(vst) == 2;
@@ -2212,7 +2207,8 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   const int TH = 128, RB = 64;
   std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
   int D16 = DH / 16, D8 = DH / 8;
-  // The additive mask's register (mreg), and the input it loads as stored (minput), as flash_mma's vote.
+  // The additive mask's register (mreg: x = A + M with M reading no scores or row reductions), and the input it
+  // loads as stored (minput), or -1.
   int mreg = -1;
   const Instr& xi = prog.code[size_t(sm.x)];
   for (int side = 0; side < 2 && xi.kind == Instr::Apply && xi.op == Op::Add && mreg < 0; ++side) {
