@@ -217,6 +217,60 @@ def test_compute_dtype_keeps_weights_in_it(dtype, rng):
     np.testing.assert_array_equal(z.numpy(), a + np.float32(0.5))
 
 
+def _linear_input_dtypes(g):
+    """The stored dtype of each MatMul's activations (its operand beside an Input), by the MatMul's node id."""
+    gg = g._g
+    out = {}
+    for i in gg.topo_order():
+        n = gg.node(i)
+        if n.op == "Custom" and n.name == "MatMul":
+            a, w = (gg.node(e.node) for e in n.inputs)
+            out[i] = (a.dtype if w.op == "Input" else w.dtype)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_linear_inputs_are_stored_in_the_compute_dtype(dtype):
+    """MatMulInputPrecision (no GPU needed): a computed activation that only Linear layers read is stored in a
+    16-bit compute dtype, which the product rounds it to anyway; one that anything else reads too, and a plain copy
+    (a transpose: for one row the identity, launching nothing), keep float32."""
+    g = lm.Graph()
+    x = g.tensor(("s", 64), name="x")
+    w1, w2 = g.tensor((32, 64), name="w1"), g.tensor((32, 64), name="w2")
+    h = x * 1.5 + 0.25  # read by two Linears only
+    (h @ w1.T).output(), (h @ w2.T).output()
+    u = x.exp()  # read by a Linear and an output
+    u.output(), (u @ w1.T).output()
+    t = g.tensor((64, "s"), name="t")
+    (t.T.contiguous() @ w2.T).output()  # a copy feeding a Linear
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype, device=None))
+    got = sorted(_linear_input_dtypes(g).values())
+    low = "float32" if dtype == "float32" else dtype
+    assert got == sorted([low, low, "float32", "float32"]), got
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("rows", [1, 70])  # matrix-vector rows (decode), a GEMM
+def test_linear_input_rounded_once_to_the_compute_dtype(dtype, rows, rng):
+    from helpers import as_dtype
+
+    g = lm.Graph()
+    x = g.tensor((rows, 96), name="x")
+    w1, w2 = g.tensor((40, 96), name="w1"), g.tensor((24, 96), name="w2")
+    h = x * 1.5 + 0.25
+    y1, y2 = (h @ w1.T).output(), (h @ w2.T).output()
+    g.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype))
+    a = rng.data((rows, 96)).astype(np.float32)
+    b1, b2 = rng.data((40, 96)).astype(np.float32), rng.data((24, 96)).astype(np.float32)
+    x.set(a), w1.set(b1), w2.set(b2)
+    g.execute()
+    act = as_dtype(a * np.float32(1.5) + np.float32(0.25), dtype).astype(np.float64)
+    for y, b in ((y1, b1), (y2, b2)):
+        want = act @ as_dtype(b, dtype).astype(np.float64).T
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
+
+
 # ---- quantised weights on every backend (QMatMul and Dequant kernels; no model file needed) ---------------------------
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
 @pytest.mark.parametrize("tokens", [1, 5])

@@ -233,6 +233,19 @@ class AttentionFusion(_CorePass):
     fn = staticmethod(_core.fuse_attention)
 
 
+class MatMulInputPrecision(_CorePass):
+    """Fused kernels whose results only Linear layers read (MatMuls by a weight) store them in `dtype` when that is a
+    16-bit type: the products round them to it anyway, so they are written at half the bytes and read in place
+    (run after AttentionFusion)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.dtype = dt.dtype(dtype).name
+
+    def run(self, g) -> int:
+        return _core.store_matmul_inputs(g, self.dtype)
+
+
 class CPUCompiler:
     """Lowers to the native CPU kernels (run GenericCompiler first). `threads` sets the worker count."""
 

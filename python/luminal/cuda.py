@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .compiler import (AttentionFusion, ContractionLowering, DeadNodeRemoval, ElementwiseFusion, MatMulLowering,
+from .compiler import (AttentionFusion, ContractionLowering, DeadNodeRemoval, ElementwiseFusion, MatMulInputPrecision, MatMulLowering,
                        MaximumLowering, QuantizedLowering, Sequence)
 
 CudaError = _core.CudaError
@@ -126,7 +126,7 @@ class CudaCompiler:
         flash = self.flash_attention_default if flash_attention is None else flash_attention
         self.passes = [MatMulLowering(), QuantizedLowering(), ContractionLowering(), MaximumLowering(),
                        ElementwiseFusion(row_reductions=True)] + ([AttentionFusion()] if flash else []) + \
-            [DeadNodeRemoval()]
+            [MatMulInputPrecision(self.dtype), DeadNodeRemoval()]
         self.schedule = None
 
     def compile(self, graph, remap):

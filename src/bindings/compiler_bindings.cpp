@@ -84,6 +84,9 @@ void bind_compiler(py::module_& m) {
   m.def("lower_quantized", &lower_quantized);
   m.def("stack_qmatmuls", &stack_qmatmuls);
   m.def("fuse_attention", &fuse_attention);
+  m.def("store_matmul_inputs", [](Graph& g, const std::string& dtype) {
+    return store_matmul_inputs(g, dtype_from_name(dtype));
+  }, py::arg("graph"), py::arg("dtype"));
   m.def("fuse_elementwise", &fuse_elementwise, py::arg("graph"), py::arg("row_reductions") = false);
   m.def("set_num_threads", &set_num_threads, "Worker threads for the CPU kernels (0: one per core).");
   m.def("simd", [] { return isa_at_least_avx2() ? "avx2" : "portable"; },

@@ -243,7 +243,8 @@ void Scheduler::group_matvecs() {
   }
   // The step computing activations `a` when it may be the prologue of a group of `members`: a row program of the
   // factored form (row_factors) whose output only they read, as their left operand. (Other row programs keep their
-  // kernel: computing the rows first in every block of the group's kernel costs the weight streaming more.)
+  // kernel: computing the rows first in every block of the group's kernel costs the weight streaming more.) A
+  // prologue's activations stay in float32 registers, never rounded to a 16-bit type they would be stored in.
   auto prologue_of = [&](int64_t a, const std::vector<size_t>& members) -> long {
     long p = at[a];
     if (!opts_.prologues || p < 0) return -1;
@@ -256,7 +257,7 @@ void Scheduler::group_matvecs() {
     }
     bool ok = ps.kind == Step::Kernel && ps.program && row_factors(*ps.program) &&
               ps.program->reduce == Op::Input && !ps.matvec && !ps.absorbed && ps.perm.empty() && ps.group < 0 &&
-              ps.producer < 0 && g_.node(a).op != Op::Output && g_.node(a).dtype == DType::F32 && reads[a] == readers;
+              ps.producer < 0 && g_.node(a).op != Op::Output && is_float(g_.node(a).dtype) && reads[a] == readers;
     return ok ? p : -1;
   };
   struct Unit {

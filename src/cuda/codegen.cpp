@@ -2497,6 +2497,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   std::string bounds = "256";
   const char* mb = std::getenv("LUMINAL_CUDA_PROLOGUE_BLOCKS");
   if (prologue >= 0 && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
+  // Without one, 4 blocks fit: streaming the weights needs resident warps more than deeper unrolling (left free,
+  // the gate/up group over 16-bit activations took twice the registers and ran slower).
+  else if (prologue < 0) bounds += ", 4";
   sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
