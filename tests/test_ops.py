@@ -619,6 +619,18 @@ def test_argmax_ties_pick_first(backend, rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
+def test_argmax_over_long_rows_in_two_levels(backend, rng, dtype):
+    """Rows of 12288 (chunks of 1024, Tensor._arg_chunked): ties across and inside chunks pick the first, a NaN
+    anywhere wins (the first one), and a row's max at either end."""
+    data = rng.data((4, 12288), "distinct")
+    data[0, [5000, 5001, 9000]] = 50.0  # a tie inside chunk 4 and across chunks (9000 in chunk 8)
+    data[1, [7777, 9999]] = NAN
+    data[2, 0], data[3, -1] = 60.0, -60.0
+    check(lambda t: [t.argmax(1), t.argmin(1, keepdim=True), t.argmax()], None, dtype=dtype, arrays=[data],
+          backend=backend, rng=rng, name="argmax long rows")
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
 def test_argmax_picks_the_first_nan(backend, rng, dtype):
     data = np.array([[1.0, 3.0, NAN, 0.5, NAN], [2.0, -1.0, 4.0, 4.0, 0.0], [-1.0, NAN, NAN, 5.0, -2.0]])
     check(lambda t: [t.argmax(1), t.argmin(1), t.argmax(0), t.argmax()], None, dtype=dtype, arrays=[data],

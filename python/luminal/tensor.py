@@ -1003,6 +1003,9 @@ class Tensor:
         if not self.ndim:
             return self.graph.constant(0, dt.int32)
         n = x.layout.shape[ax]
+        chunk = _arg_chunk(n)
+        if chunk:
+            return x._arg_chunked(ax, chunk, keepdim)
         m = x.amax(ax, keepdim=True)
         idx = _arange_along(x, ax)  # 0..n-1 along ax, broadcast
         # First index of the max: maximise n - i over the positions that hit it.
@@ -1012,6 +1015,20 @@ class Tensor:
         score = hit.to(dt.int32) * (_scalar(self.graph, n, dt.int32) - idx)
         out = _scalar(self.graph, n, dt.int32) - score.amax(ax, keepdim)
         return out
+
+    def _arg_chunked(self, ax: int, chunk: int, keepdim: bool) -> "Tensor":
+        """argmax along a long axis in two levels, so that many blocks share a row (a vocabulary's logits): the
+        first max of each chunk, then the first chunk holding the row's max (NaN rules as one row: a NaN chunk
+        max is the first NaN), then that chunk's own index, picked by a one-hot sum."""
+        shape = list(self.layout.shape)
+        n = int(shape[ax])
+        rows = self.reshape(shape[:ax] + [n // chunk, chunk] + shape[ax + 1:])
+        within = rows._arg(ax + 1, False, True)  # [..., chunks, ...]
+        which = rows.amax(ax + 1)._arg(ax, True, True)  # [..., 1, ...]
+        at = _arange_along(within, ax)
+        pick = (~(at.lt(which) | which.lt(at))).to(dt.int32) * within
+        out = which * _scalar(self.graph, chunk, dt.int32) + pick.sum(ax, keepdim=True, dtype=dt.int32)
+        return out if keepdim else out.squeeze(ax)
 
     def argmax(self, dim=None, keepdim: bool = False):
         return self._arg(dim, keepdim, True)
@@ -2652,6 +2669,20 @@ def _arange_along(x: Tensor, ax: int) -> Tensor:
     for _ in range(x.ndim - 1 - ax):
         r = r.unsqueeze(-1)
     return r.expand_to(x.layout.shape)
+
+
+# Rows at least this long reduce in two levels (Tensor._arg_chunked): one block per row would leave the GPU's other
+# multiprocessors idle over a vocabulary of logits.
+_ARG_SPLIT = 8192
+
+
+def _arg_chunk(n) -> int:
+    """The chunk length for an argmax over n elements: the largest divisor of n in [128, 1024] when n is a known
+    length of at least _ARG_SPLIT, else 0 (one level)."""
+    if not n.is_const() or int(n) < _ARG_SPLIT:
+        return 0
+    n = int(n)
+    return next((c for c in range(1024, 127, -1) if n % c == 0), 0)
 
 
 def _clamp_index(i, n, default):
