@@ -1826,27 +1826,34 @@ void Generator::attention_step(Step& st, const Node& n) {
       f << "        for (int d = 0; d < " << Dc << "; ++d) {\n          float kx = " << ld(1) << "kb + j * "
         << kv.stride(Rq - 2) << " + d * " << kv.stride(Rq - 1) << ");\n#pragma unroll\n"
         << "          for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n        }\n      }\n";
-      for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
       // V's rows of the tile: lane l holds columns l * CPL.. (one load of CPL consecutive values when aligned).
       Text vl;
+      std::string vt16;  // (16-bit V: the raw type of a lane's CPL values)
       if (vs == DType::F32) {
         const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
         vl << "            " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << v.stride(Rv - 1)
            << " + lane * " << CP << ");\n";
         if (CPL == 1) vl << "            vv[0] = t_;\n";
         else vl << "            vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "            vv[2] = t_.z; vv[3] = t_.w;\n" : "");
-      } else {  // CPL 16-bit values: one load of 2, 4 or 8 bytes, widened
+      } else {  // CPL 16-bit values: one load of 2, 4 or 8 bytes, widened (loaded ahead: vr_, see below)
         const char* vt = CPL == 4 ? "uint2" : CPL == 2 ? "unsigned" : "u16";
         std::string cvt = vs == DType::BF16 ? "bf16_f32" : "f16_f32";
-        vl << "            " << vt << " t_ = *(const " << vt << "*)((const u16*)e2 + vb + jv * " << v.stride(Rv - 1)
-           << " + lane * " << CP << ");\n";
+        vt16 = vt;
+        vl << "            " << vt << " t_ = vr_[jj];\n";
         if (CPL == 1) vl << "            vv[0] = " << cvt << "(t_);\n";
         else if (CPL == 2) vl << "            vv[0] = " << cvt << "((u16)t_); vv[1] = " << cvt << "((u16)(t_ >> 16));\n";
         else
           vl << "            vv[0] = " << cvt << "((u16)t_.x); vv[1] = " << cvt << "((u16)(t_.x >> 16));\n"
              << "            vv[2] = " << cvt << "((u16)t_.y); vv[3] = " << cvt << "((u16)(t_.y >> 16));\n";
       }
-      f << "#pragma unroll 8\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
+      // A 16-bit V tile (32 rows of CPL values per lane, 2 to 8 bytes each) is loaded into registers before the
+      // softmax: its latency runs under the scores' reductions instead of after them, a batch of loads at a time.
+      if (vvec && !vt16.empty())
+        f << "      " << vt16 << " vr_[32];\n      if (vv_ && lane * " << CP << " < N) {\n#pragma unroll\n"
+          << "        for (int jj = 0; jj < 32; ++jj)\n          if (j0 + jj < jhi) vr_[jj] = *(const " << vt16
+          << "*)((const u16*)e2 + vb + (j0 + jj) * " << v.stride(Rv - 1) << " + lane * " << CP << ");\n      }\n";
+      for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
+      f << "#pragma unroll " << (vvec && !vt16.empty() ? "32" : "8") << "\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
         << "        float vv[" << CP << "];\n#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) vv[u] = 0.0f;\n"
         << "        if (jv < jhi) {\n";
       if (vvec) f << "          if (vv_) {\n            if (lane * " << CP << " < N) {\n" << vl.str() << "            }\n          } else\n";

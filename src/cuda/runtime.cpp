@@ -426,11 +426,11 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       // four blocks per multiprocessor, at least 128 keys per range.
       int64_t splits = 1, chunk = T;
       if (v.kind == Variant::FlashDecode) {
-        // Its warps take 32-key tiles in turn: ranges of 128+ keys, enough of them for about four blocks per
-        // multiprocessor (short caches too: a block's range is only 4 tiles). LUMINAL_CUDA_ATTENTION_CHUNK: keys
-        // per range (tests, tuning).
+        // Its warps take 32-key tiles in turn: ranges of 128+ keys, enough of them for about two blocks per
+        // multiprocessor, as many as its registers let run at once (short caches too: a block's range is only 4
+        // tiles). LUMINAL_CUDA_ATTENTION_CHUNK: keys per range (tests, tuning).
         const char* e = std::getenv("LUMINAL_CUDA_ATTENTION_CHUNK");
-        int64_t want = (4 * int64_t(sms_) + tiles - 1) / tiles;
+        int64_t want = (2 * int64_t(sms_) + tiles - 1) / tiles;
         chunk = e && std::atoll(e) > 0 ? std::atoll(e) : std::max<int64_t>(128, ((T + want - 1) / want + 127) / 128 * 128);
         splits = std::max<int64_t>(1, (T + chunk - 1) / chunk);
       } else if (tiles < 2 * int64_t(sms_) && T > 256) {
