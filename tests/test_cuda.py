@@ -233,7 +233,8 @@ def _linear_input_dtypes(g):
 def test_linear_inputs_are_stored_in_the_compute_dtype(dtype):
     """MatMulInputPrecision (no GPU needed): a computed activation that only Linear layers read is stored in a
     16-bit compute dtype, which the product rounds it to anyway; one that anything else reads too, and a plain copy
-    (a transpose: for one row the identity, launching nothing), keep float32."""
+    (a transpose: for one row the identity, launching nothing), keep float32. A product that only such 16-bit
+    programs read is stored in 16 bits too; one an output reads keeps float32."""
     g = lm.Graph()
     x = g.tensor(("s", 64), name="x")
     w1, w2 = g.tensor((32, 64), name="w1"), g.tensor((32, 64), name="w2")
@@ -243,10 +244,14 @@ def test_linear_inputs_are_stored_in_the_compute_dtype(dtype):
     u.output(), (u @ w1.T).output()
     t = g.tensor((64, "s"), name="t")
     (t.T.contiguous() @ w2.T).output()  # a copy feeding a Linear
+    w3, w4 = g.tensor((64, 32), name="w3"), g.tensor((32, 64), name="w4")
+    (((h @ w4.T) * 2) @ w3.T).output()  # a product only a 16-bit program reads: 16-bit too
     g.compile(lm.GenericCompiler(), lm.CudaCompiler(dtype, device=None))
     got = sorted(_linear_input_dtypes(g).values())
     low = "float32" if dtype == "float32" else dtype
-    assert got == sorted([low, low, "float32", "float32"]), got
+    assert got == sorted([low] * 4 + ["float32"] * 2), got
+    products = sorted(g._g.node(i).dtype for i in _linear_input_dtypes(g))
+    assert products == sorted(["float32"] * 5 + [low]), products
 
 
 @gpu

@@ -21,6 +21,14 @@ bool is_copy(const Program& p) {
   return loads == 1;
 }
 
+// Node id's readers read `low` (the same op, inputs and shape in another dtype) instead, edge by edge
+// (replace_uses keeps the dtype).
+void retype(Graph& g, int64_t id, int64_t low) {
+  for (int64_t u : g.users(id))
+    for (size_t k = 0; k < g.node(u).inputs.size(); ++k)
+      if (g.node(u).inputs[k].node == id) g.set_input(u, k, Edge{low, g.node(u).inputs[k].view});
+}
+
 }  // namespace
 
 size_t store_matmul_inputs(Graph& g, DType compute) {
@@ -45,10 +53,24 @@ size_t store_matmul_inputs(Graph& g, DType compute) {
     std::vector<int64_t> users = g.users(id);
     if (users.empty() || !std::all_of(users.begin(), users.end(), [&](int64_t u) { return linear_of(u, id); }))
       continue;
-    int64_t low = g.backend_op(n.kop, n.inputs, n.shape, compute);
-    for (int64_t u : users)  // (edge by edge: replace_uses keeps the dtype)
-      for (size_t k = 0; k < g.node(u).inputs.size(); ++k)
-        if (g.node(u).inputs[k].node == id) g.set_input(u, k, Edge{low, g.node(u).inputs[k].view});
+    retype(g, id, g.backend_op(n.kop, n.inputs, n.shape, compute));
+    ++count;
+  }
+  if (count) remove_dead_nodes(g);  // (the float32 programs replaced: no longer readers of their products)
+  // Then a Linear layer whose products only such 16-bit programs read (gate and up under SwiGLU, k and v on their
+  // way to a 16-bit cache) stores them in 16 bits too: one rounding more, as torch's bf16 layers do, for half the
+  // bytes written and read. Products read into float32 (q before attention, a residual add) stay as they are.
+  for (int64_t id : g.topo_order()) {
+    const Node& n = g.node(id);
+    if (!op_as<MatMulOp>(n) || n.dtype != DType::F32 || n.inputs.size() != 2) continue;
+    if (!linear_of(id, n.inputs[0].node) && !linear_of(id, n.inputs[1].node)) continue;
+    std::vector<int64_t> users = g.users(id);
+    if (users.empty() || !std::all_of(users.begin(), users.end(), [&](int64_t u) {
+          const Node& un = g.node(u);
+          return program_of(un) && un.dtype == compute;
+        }))
+      continue;
+    retype(g, id, g.backend_op(n.kop, n.inputs, n.shape, compute));
     ++count;
   }
   if (count) remove_dead_nodes(g);
