@@ -235,8 +235,8 @@ class AttentionFusion(_CorePass):
 
 class MatMulInputPrecision(_CorePass):
     """Fused kernels whose results only Linear layers read (MatMuls by a weight) store them in `dtype` when that is a
-    16-bit type: the products round them to it anyway, so they are written at half the bytes and read in place
-    (run after AttentionFusion)."""
+    16-bit type: the products round them to it anyway, so they are written at half the bytes and read in place. A
+    Linear's product that only such 16-bit programs read is stored in `dtype` too (run after AttentionFusion)."""
 
     def __init__(self, dtype):
         super().__init__()

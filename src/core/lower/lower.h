@@ -37,8 +37,9 @@ size_t fuse_elementwise(Graph& g, bool row_reductions = false);
 size_t fuse_attention(Graph& g);
 
 // A Fused node only Linear layers read (MatMuls by a float32 weight input) -> the same program stored in `compute`
-// when that is a 16-bit type: the products round it to that anyway. Run after fuse_attention (attention's
-// products keep their float32 operands).
+// when that is a 16-bit type: the products round it to that anyway. Then such a Linear's product that only 16-bit
+// programs read -> stored in `compute` too. Run after fuse_attention (attention's products keep their float32
+// operands).
 size_t store_matmul_inputs(Graph& g, DType compute);
 
 }  // namespace luminal
