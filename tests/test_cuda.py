@@ -146,6 +146,33 @@ def test_kernel_resources_reads_ptxas_and_names_the_steps():
     assert all(f"void {k}(" in source for k in ops)
 
 
+_NCU_RAW = """KERNEL k5 Fused/block
+==PROF== Connected to process 1759
+"ID","Kernel Name","gpu__time_duration.sum","dram__bytes.sum","launch__registers_per_thread","smsp__inst_executed.sum"
+"","","nsecond","byte","register/thread","inst"
+"0","k5","41,632","40,271,104","32","19,922,944"
+"1","nvjet_sm90_tss","1,031,168","27,391,488","168","4,633,600"
+"""
+
+
+def test_kernel_profile_reads_ncu_csv():
+    """benchmarks/kernel_profile.py: ncu's raw CSV (units in the second row) and the child's kernel labels -> a row
+    per launch in us, MB and millions of instructions; kernels of no step (cuBLASLt) say so."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_profile.py"
+    spec = importlib.util.spec_from_file_location("kernel_profile", path)
+    kp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kp)
+    rows = kp.parse(_NCU_RAW)
+    assert [r["name"] for r in rows] == ["k5", "nvjet_sm90_tss"]
+    assert rows[0]["label"] == "Fused/block" and rows[1]["label"].startswith("(cuBLASLt")
+    assert rows[0]["us"] == pytest.approx(41.632) and rows[1]["us"] == pytest.approx(1031.168)
+    assert rows[0]["MB"] == pytest.approx(40.271104) and rows[1]["regs"] == 168
+    assert rows[0]["Minstr"] == pytest.approx(19.922944)
+    assert "2 launches, 1072.8 us in all" in kp.table(rows)
+
+
 def test_compiler_rejects_a_non_float_compute_dtype():
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         lm.CudaCompiler("int32")

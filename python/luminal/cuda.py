@@ -24,8 +24,8 @@ import numpy as np
 
 from . import _core
 from . import dtypes as dt
-from .compiler import (AttentionFusion, ContractionLowering, DeadNodeRemoval, ElementwiseFusion, MatMulInputPrecision, MatMulLowering,
-                       MaximumLowering, QuantizedLowering, Sequence)
+from .compiler import (AttentionFusion, ContractionLowering, DeadNodeRemoval, ElementwiseFusion, MatMulInputPrecision,
+                       MatMulLowering, MaximumLowering, QuantizedLowering, Sequence)
 
 CudaError = _core.CudaError
 DeviceArray = _core.DeviceArray
