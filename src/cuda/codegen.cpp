@@ -1848,12 +1848,13 @@ void Generator::attention_step(Step& st, const Node& n) {
       }
       // A 16-bit V tile (32 rows of CPL values per lane, 2 to 8 bytes each) is loaded into registers before the
       // softmax: its latency runs under the scores' reductions instead of after them, a batch of loads at a time.
-      if (vvec && !vt16.empty())
+      bool vpre = vvec && !vt16.empty();
+      if (vpre)
         f << "      " << vt16 << " vr_[32];\n      if (vv_ && lane * " << CP << " < N) {\n#pragma unroll\n"
           << "        for (int jj = 0; jj < 32; ++jj)\n          if (j0 + jj < jhi) vr_[jj] = *(const " << vt16
           << "*)((const u16*)e2 + vb + (j0 + jj) * " << v.stride(Rv - 1) << " + lane * " << CP << ");\n      }\n";
       for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
-      f << "#pragma unroll " << (vvec && !vt16.empty() ? "32" : "8") << "\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
+      f << "#pragma unroll " << (vpre ? "32" : "8") << "\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
         << "        float vv[" << CP << "];\n#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) vv[u] = 0.0f;\n"
         << "        if (jv < jhi) {\n";
       if (vvec) f << "          if (vv_) {\n            if (lane * " << CP << " < N) {\n" << vl.str() << "            }\n          } else\n";
