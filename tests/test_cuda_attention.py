@@ -300,8 +300,10 @@ int main(int argc, char** argv) {
   for (i64 k = 0; k < nin; ++k) { in[k].resize(sizes[k]); std::fread(in[k].data(), 1, sizes[k], f); }
   std::fclose(f);
   std::vector<float> out(nout, 12345.0f);
+  std::vector<float> ws(WSFLOATS, 12345.0f);  // (the key ranges' partials, then a mask summary's bytes)
   int err = 0;
-  launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), nullptr); });
+  PREP
+  launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()); });
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
   std::printf("%d\n", MMAS);
 }
@@ -325,7 +327,11 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
     (aid,) = [i for i in g.topo_order() if g.node(i).name == "Attention"]
     (variants,) = [vs for nid, vs, _ in comp.schedule.kernels() if nid == aid]
     name = dict(variants)[kind]
-    text = dict(comp.schedule.kernel_texts)[name]
+    texts = dict(comp.schedule.kernel_texts)
+    text = texts[name]
+    # flash-mma-skip with a loaded mask launches its summary kernel first (a warp per distinct mask row and tile)
+    prep = comp.schedule.prep_kernels().get(aid) if kind == "flash-mma-skip" else None
+    assert (prep is not None) == (kind == "flash-mma-skip"), (kind, prep)  # (every case's mask is loaded)
     if window:
         assert text.count("65536") == 2, text
         text = text.replace("65536", str(window))
@@ -370,7 +376,10 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
     threads = int(re.search(r"__launch_bounds__\((\d+)", text)[1])  # (16 query rows per warp)
     grid = [(Tq + threads // 2 - 1) // (threads // 2), B, 1]
     main = _HOST_ATTN_MAIN.replace("MAIN", name).replace("THREADS", str(threads))
-    exe = cuda_host.build(_HOST_ATTN + text + main, tmp_path)
+    main = main.replace("WSFLOATS", str(rows * (N + 2) + rows * -(-T // 64)))
+    main = main.replace("PREP", "" if prep is None else "launch(2, 1, 1, 256, [&] { %s(p.data(), &err, out.data(), "
+                        "in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()); });" % prep)
+    exe = cuda_host.build(_HOST_ATTN + ("" if prep is None else texts[prep]) + text + main, tmp_path)
     outs, skips = [], []
     for vec in vecs:
         params[-1] = int(vec)

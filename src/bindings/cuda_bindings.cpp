@@ -104,6 +104,12 @@ void bind_cuda(py::module_& m) {
         }
         return out;
       }, "Each kernel step: its node, its variants in order of preference (kind, kernel), a Scatter's rows kernel.")
+      .def("prep_kernels", [](const Module& s) {
+        py::dict out;  // node -> the kernel its variant may launch first (QDot's quantising, FlashMmaSkip's mask summary)
+        for (size_t i = 0; i < s.steps.size(); ++i)
+          if (!s.steps[i].prep_fn.empty()) out[py::int_(s.sched.steps[i].node)] = s.steps[i].prep_fn;
+        return out;
+      }, "Kernel steps whose variant launches a kernel before its own: node -> that kernel's name.")
       .def("kernel_ops", [](const Module& s, const Graph& g) {
         // Every kernel name -> the op kind(s) of the steps that may launch it (for profiles).
         std::map<std::string, std::string> out;
@@ -116,6 +122,8 @@ void bind_cuda(py::module_& m) {
           std::string op = op_label(g.node(s.sched.steps[i].node));
           for (auto& v : s.steps[i].variants) add(v.fn, op + "/" + variant_name(v.kind));
           if (!s.steps[i].rows_fn.empty()) add(s.steps[i].rows_fn, op + "/rows");
+          if (!s.steps[i].prep_fn.empty()) add(s.steps[i].prep_fn, op + "/prep");
+          if (!s.steps[i].combine_fn.empty()) add(s.steps[i].combine_fn, op + "/combine");
         }
         for (size_t k = 0; k < s.sched.groups.size(); ++k) {  // "MatMul x3/group", "Fused+Scatter x2/batch"
           const luminal::Group& G = s.sched.groups[k];

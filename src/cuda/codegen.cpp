@@ -53,6 +53,21 @@ template <class T> __device__ __forceinline__ void st_bfloat16(void* b, i64 o, T
 template <class T> __device__ __forceinline__ void st_int32(void* b, i64 o, T v) { ((int*)b)[o] = (int)trunc_i32((double)v); }
 template <class T> __device__ __forceinline__ void st_uint8(void* b, i64 o, T v) { ((u8*)b)[o] = wrap_u8((double)v); }
 template <class T> __device__ __forceinline__ void st_bool(void* b, i64 o, T v) { ((u8*)b)[o] = v != (T)0; }
+// Elements o..o+3 (o a multiple of 4) by one store where the address allows (element_loop's groups).
+template <class S> __device__ __forceinline__ void st4_raw(S* p, const S* x) {
+  if (((size_t)p & (4 * sizeof(S) - 1)) != 0) { for (int k = 0; k < 4; ++k) p[k] = x[k]; return; }
+  if (sizeof(S) == 4) *(uint4*)p = *(const uint4*)x;
+  else if (sizeof(S) == 2) *(uint2*)p = *(const uint2*)x;
+  else *(unsigned*)p = *(const unsigned*)x;
+}
+#define LUMINAL_ST4(NAME, S, CONV) template <class T> __device__ __forceinline__ void st4_##NAME(void* b, i64 o, const T* v) { \
+  __align__(16) S x[4]; for (int k = 0; k < 4; ++k) { T w = v[k]; x[k] = CONV; } st4_raw((S*)b + o, x); }
+LUMINAL_ST4(float32, float, (float)w)
+LUMINAL_ST4(float16, u16, f32_f16((float)w))
+LUMINAL_ST4(bfloat16, u16, f32_bf16((float)w))
+LUMINAL_ST4(int32, int, (int)trunc_i32((double)w))
+LUMINAL_ST4(uint8, u8, wrap_u8((double)w))
+LUMINAL_ST4(bool, u8, (u8)(w != (T)0))
 template <class T> __device__ __forceinline__ T rd_float32(T v) { return (T)(float)v; }
 template <class T> __device__ __forceinline__ T rd_float16(T v) { return (T)f16_f32(f32_f16((float)v)); }
 template <class T> __device__ __forceinline__ T rd_bfloat16(T v) { return (T)bf16_f32(f32_bf16((float)v)); }
@@ -188,6 +203,10 @@ struct Text {
   Text& operator<<(long long v) { s += std::to_string(v); return *this; }
   const std::string& str() const { return s; }
 };
+
+// Elements an element-wise loop's thread takes at once along the innermost axis (element_loop).
+constexpr int kElementsPerThread = 4;
+static_assert(kElementsPerThread == 4, "the prelude's st4_ stores 4 elements");
 
 // Text that reads slots of a view.
 struct ViewText {
@@ -539,10 +558,15 @@ class Generator {
   struct Loop {
     std::string body;
     int count = 1;
+    int per = 1;  // elements per item: the body's t counts groups of `per` (element_loop)
     std::vector<std::string> args;  // the pointers after `out`, as the body names them (Q...: a parameter slice)
   };
   std::map<std::string, Loop> loops_;
   std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
+  static std::string items(const Loop& l, const std::string& p) {  // its items, from parameter slice p
+    std::string c = p + "[" + std::to_string(l.count) + "]";
+    return l.per == 1 ? c : "(" + c + " + " + std::to_string(l.per - 1) + ") / " + std::to_string(l.per);
+  }
 
   DType storage(int64_t id) const { return mod_.sched.storage[size_t(id)]; }
 
@@ -589,7 +613,7 @@ class Generator {
                            const std::map<int, std::string>& given = {}) const;
   std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
   std::string program_at(const Program& prog, const Step& st, const Node& n, const std::string& t) const;
-  std::string element_loop(const Program& prog, const Step& st, const Node& n) const;
+  std::pair<std::string, int> element_loop(const Program& prog, const Step& st, const Node& n) const;
   template <class BodyOf>
   std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
                          const BodyOf& body_of);
@@ -614,8 +638,10 @@ class Generator {
   void attention_step(Step& st, const Node& n);
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                         const std::string& aliases, const std::vector<std::string>& args, int DH);
-  std::string flash_tiles(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+  std::string flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                           const std::string& aliases, const std::vector<std::string>& args, int DH);
+  std::string mask_summary(const ViewSlot& mv, DType dtype, const std::string& aliases,
+                           const std::vector<std::string>& args, int E, const std::string& in);
   FlashText flash_text(const Step& st, const Node& n, int DH,
                        const std::function<std::string(const std::string&)>& row_extra) const;
   // The attention kernels' load of edge e's element as float, up to its offset: "(float)ld_<storage>(e<e>, "
@@ -686,8 +712,8 @@ std::string Generator::program_body(const Program& prog, const Step& st, const N
 std::string Generator::loop_kernel(const Loop& l) {
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(l.args) << " {\n"
-    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[" << l.count
-    << "]; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
+    << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < " << items(l, "p")
+    << "; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
   std::string name = add_kernel(k.str());
   loops_[name] = l;
   return name;
@@ -702,10 +728,29 @@ std::string Generator::program_at(const Program& prog, const Step& st, const Nod
                       size_t(-1));
 }
 
-// The body of an element-wise program's loop over its elements `t` (see loop_kernel).
-std::string Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
-  return program_at(prog, st, n, "t") + "    st_" + dtype_name(n.dtype) + "(out, t, r" +
-         std::to_string(prog.code.size() - 1) + ");\n";
+// The body of an element-wise program's loop (see loop_kernel), and its elements per item (Loop::per). Item t is
+// elements t * V.. (V = kElementsPerThread) along the innermost axis: unravelled once, the program is evaluated at
+// V consecutive innermost indices where they stay in the row (the index arithmetic, a 64-bit division per axis,
+// outweighed the work of a cheap program, and a thread's V loads are in flight together); elsewhere (a row's end,
+// the last item) element by element.
+std::pair<std::string, int> Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
+  std::string res = "r" + std::to_string(prog.code.size() - 1), st_fn = "st_" + std::string(dtype_name(n.dtype));
+  int R = st.views.empty() ? 0 : st.views[0].rank;
+  if (R == 0) return {program_at(prog, st, n, "t") + "    " + st_fn + "(out, t, " + res + ");\n", 1};
+  const int V = kElementsPerThread;
+  bool dbl = double_registers(prog, n);
+  std::string Vs = std::to_string(V), last = "i" + std::to_string(R - 1);
+  Text b;
+  std::string T = dbl ? "double" : "float";
+  b << "    i64 t0_ = t * " << Vs << ";\n" << unravel(st.views[0], 0, R, "t0_")
+    << "    if (t0_ + " << Vs << " <= p[1] && " << last << " + " << Vs << " <= " << ViewText{st.views[0]}.shape(R - 1)
+    << ") {\n    i64 il_ = " << last << ";\n    " << T << " v_[" << Vs << "];\n#pragma unroll\n"
+    << "    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n    i64 " << last << " = il_ + e_;\n"
+    << program_body(prog, st, n, T, dbl, names("i", 0, R), std::vector<char>(prog.code.size(), 1), size_t(-1))
+    << "    v_[e_] = " << res << ";\n    }\n    st4_" << dtype_name(n.dtype) << "(out, t0_, v_);\n    } else {\n"
+    << "    for (i64 t = t0_; t < min(t0_ + " << Vs << ", p[1]); ++t) {\n" << program_at(prog, st, n, "t") << "    "
+    << st_fn << "(out, t, " << res << ");\n    }\n    }\n";
+  return {b.str(), V};
 }
 
 // A program ending in a reduction: a warp per output row; or a block per row (with row reductions, or for few long
@@ -814,7 +859,7 @@ void Generator::program_step(const luminal::Step& cs, Step& st, const Node& n) {
     st.variants.push_back({Variant::Warps, add_kernel(program_kernel(prog, st, n))});
   } else {
     Loop l;
-    l.body = element_loop(prog, st, n);
+    std::tie(l.body, l.per) = element_loop(prog, st, n);
     l.args = input_names(int(n.inputs.size()));
     st.variants = {{Variant::Elements, loop_kernel(l)}};
   }
@@ -854,7 +899,7 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
   st.views = {slot(n, 0), slot(n, 1), slot(n, 2)};  // dest, index, src
   layout(st);
   Loop cl;
-  cl.body = element_loop(*copy, st, n);
+  std::tie(cl.body, cl.per) = element_loop(*copy, st, n);
   cl.args = input_names(3);
   st.variants = {{Variant::Elements, loop_kernel(cl)}};
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
@@ -2200,7 +2245,38 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
 // diagonal), and where M is a loaded input, a tile where it is 0 at every element runs its program with M as 0
 // (the tiles below the diagonal: no mask loads). Each warp votes on its rows; the votes meet in shared bit sets.
 // The program's unpadded inputs are read through per-row bases computed once (an element adds its key's stride).
-std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
+// The loaded additive mask of flash_tiles, summarised: a byte per distinct row of its view (the broadcast row dims
+// taken once) and 64-key tile, 1: some key of the tile seen (not -inf), 2: some key's mask not 0. Laid out tile by
+// tile after the key ranges' partial results in the workspace. Same parameters as the attention kernel, launched
+// before it with a block of 8 warps per row (Runtime::prep_items: rows x 8 warps).
+std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::string& aliases,
+                                    const std::vector<std::string>& args, int E, const std::string& in) {
+  auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
+  ViewText mt{mv};
+  int R = mv.rank;
+  Text k;
+  k << "extern \"C\" __global__ void NAME" << params(args) << " {\n" << aliases
+    << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4) << ";\n"
+    << "  unsigned char* sum_ = (unsigned char*)((float*)ws + B * Tq * nsplit * (N + 2));\n"
+    << "  const float ninf = -__int_as_float(0x7f800000);\n  i64 srows_ = 1, nt = (T + 63) / 64;\n";
+  for (int d = 0; d + 1 < R; ++d) k << "  if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
+  // (a block per row: its offset unravelled once; the warps take its tiles in turn)
+  k << "  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
+    << "  for (i64 row = blockIdx.x; row < srows_; row += gridDim.x) {\n"
+    << "    i64 r_ = row, o_ = " << mt.off() << ";\n";
+  for (int d = R - 2; d >= 0; --d)
+    k << "    if (" << mt.stride(d) << " != 0) { o_ += r_ % " << mt.shape(d) << " * " << mt.stride(d) << "; r_ /= "
+      << mt.shape(d) << "; }\n";
+  k << "    for (i64 t = w; t < nt; t += nw) {\n      bool live = false, dirty = false;\n"
+    << "      for (i64 j = t * 64 + lane; j < min(T, t * 64 + 64); j += 32) {\n"
+    << "        float x = (float)ld_" << dtype_name(dtype) << "(" << in << ", o_ + j * " << mt.stride(R - 1) << ");\n"
+    << "        live |= x != ninf;\n        dirty |= x != 0.0f;\n      }\n"
+    << "      live = __any_sync(0xffffffffu, live);\n      dirty = __any_sync(0xffffffffu, dirty);\n"
+    << "      if (lane == 0) sum_[t * srows_ + row] = (live ? 1 : 0) | (dirty ? 2 : 0);\n    }\n  }\n}\n";
+  return add_kernel(k.str());
+}
+
+std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                                    const std::string& aliases, const std::vector<std::string>& args, int DH) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
   const Program& prog = plan.prog;
@@ -2233,6 +2309,14 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   std::vector<int> based;
   for (int i = 0; i < int(ps.views.size()); ++i)
     if (i != plan.scores && !ps.views[size_t(i)].masked && ps.views[size_t(i)].rank == Rp) based.push_back(i);
+  // A loaded mask is classified once per distinct row of it (mask_summary), not by every block: the query heads
+  // that share its rows (a broadcast dim) read a byte per row and tile instead of the tile's elements.
+  bool summ = minput >= 0 && std::count(based.begin(), based.end(), minput);
+  if (summ) {
+    st.prep_fn = mask_summary(ps.views[size_t(minput)], storage(pn.inputs[size_t(minput)].node), aliases, args, E,
+                              "in" + std::to_string(minput));
+    st.summary_edge = minput == plan.scores ? -1 : 3 + minput - (minput > plan.scores ? 1 : 0);
+  }
   std::map<int, std::string> given;
   for (int i : based) {
     std::string I = std::to_string(i);
@@ -2304,7 +2388,27 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     << "    for (i64 w0 = jlo; w0 < jhi; w0 += 65536) {  // windows of 1024 tiles\n"
     << "      int nt = (int)((min(jhi, w0 + 65536) - w0 + 63) / 64);\n"
     << "      __syncthreads();  // (the last window's or batch's readers of the stages and bits are done)\n";
-  if (mreg >= 0) {
+  if (summ) {
+    // The summary row of the thread's block row tid & 63 (a row past Tq: the block's first), found here rather
+    // than held through the loop over tiles (registers); warps 0-1 take the even tiles, 2-3 the odd, each thread
+    // reading its row's byte, the warp voting.
+    const ViewSlot& mv = ps.views[size_t(minput)];
+    ViewText mt{mv};
+    f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n      {\n"
+      << "      const unsigned char* sum_ = (const unsigned char*)((const float*)ws + B * Tq * nsplit * (N + 2));\n"
+      << "      i64 srows_ = 1, sr_ = 0;\n";
+    for (int d = 0; d + 1 < Rp; ++d) f << "      if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
+    f << "      {\n    i64 rr_ = t0 + (tid & 63) < Tq ? rb_ + (tid & 63) : rb_, m_ = 1;\n" << unravel(mv, 0, Rp - 1, "rr_", "s");
+    for (int d = Rp - 2; d >= 0; --d)
+      f << "    if (" << mt.stride(d) << " != 0) { sr_ += s" << d << " * m_; m_ *= " << mt.shape(d) << "; }\n";
+    f << "      }\n"
+      << "      for (int tc = tid >> 6; tc < nt; tc += 2) {\n"
+      << "        unsigned char b_ = sum_[(w0 / 64 + tc) * srows_ + sr_];\n"
+      << "        bool live = __any_sync(0xffffffffu, b_ & 1u), dirty = __any_sync(0xffffffffu, b_ & 2u);\n"
+      << "        if (lane == 0 && live) atomicOr(&live_[tc >> 5], 1u << (tc & 31));\n"
+      << "        if (lane == 0 && dirty) atomicOr(&dirty_[tc >> 5], 1u << (tc & 31));\n      }\n      }\n"
+      << "      __syncthreads();\n";
+  } else if (mreg >= 0) {
     std::map<int, std::string> vg = given;
     vg[plan.scores] = "0.0f";
     f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n"
@@ -2319,8 +2423,10 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
       << "        live = __any_sync(0xffffffffu, live);\n        dirty = __any_sync(0xffffffffu, dirty);\n"
       << "        if (lane == 0 && live) atomicOr(&live_[tc >> 5], 1u << (tc & 31));\n"
       << "        if (lane == 0 && dirty) atomicOr(&dirty_[tc >> 5], 1u << (tc & 31));\n      }\n"
-      << "      __syncthreads();\n"
-      << "      auto next_ = [&](int t) -> int {  // the first live tile from t (nt: none)\n"
+      << "      __syncthreads();\n";
+  }
+  if (mreg >= 0) {
+    f << "      auto next_ = [&](int t) -> int {  // the first live tile from t (nt: none)\n"
       << "        while (t < nt) {\n          unsigned m_ = live_[t >> 5] >> (t & 31);\n"
       << "          if (m_) return t + __ffs(m_) - 1;\n          t = (t | 31) + 1;\n        }\n        return nt;\n      };\n";
   } else {
@@ -2377,11 +2483,9 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
     return elements([&](const std::string& cond) {
       return "          float x_ = ninf;\n          if (" + cond + ") {\n" + at +
              program_body(prog, ps, pn, "float", false, idx, prog.needed_for(size_t(sm.x)), size_t(-1), gv) +
-             "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n"
-             "          if (e >> 1) mx1 = op_max(mx1, x_); else mx0 = op_max(mx0, x_);\n";
+             "          x_ = (float)r" + std::to_string(sm.x) + ";\n          }\n          s[t][e] = x_;\n";
     }, fast);
   };
-  f << "        float mx0 = ninf, mx1 = ninf;\n";
   if (minput >= 0) {
     std::map<int, std::string> clean = given;
     clean[minput] = "0.0f";
@@ -2390,7 +2494,14 @@ std::string Generator::flash_tiles(const Step& st, const Node& n, const Step& ps
   } else {
     f << scores_loop(given, given.empty());
   }
-  f << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+  // The rows' maxima over the thread's 16 scores each as a tree (op_max is associative, NaN included): 4 dependent
+  // steps where a running max took 16, on the way from the scores to P.
+  f << "        float mr0[8], mr1[8];\n"
+    << "#pragma unroll\n        for (int t = 0; t < 8; ++t) { mr0[t] = op_max(s[t][0], s[t][1]); mr1[t] = op_max(s[t][2], s[t][3]); }\n"
+    << "#pragma unroll\n        for (int h = 4; h > 0; h >>= 1)\n"
+    << "#pragma unroll\n          for (int t = 0; t < h; ++t) { mr0[t] = op_max(mr0[t], mr0[t + h]); mr1[t] = op_max(mr1[t], mr1[t + h]); }\n"
+    << "        float mx0 = mr0[0], mx1 = mr1[0];\n"
+    << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
     << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
     << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
     << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
@@ -2638,7 +2749,7 @@ std::string Generator::batch_kernel(const Group& G) {
     const Loop& l = loops_.at(st.rows_fn.empty() ? st.fn() : st.rows_fn);
     std::string J = std::to_string(j);
     sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
-    k << ", n" << J << " = P" << J << "[" << l.count << "]";
+    k << ", n" << J << " = " << items(l, "P" + J);
     body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
          << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
     for (size_t q = 0; q < l.args.size(); ++q) {

@@ -86,7 +86,9 @@ struct Step {
   std::string combine_fn;         // Attention split over key ranges (flash-decoding): merges the ranges' partial
                                   // results, after the Flash variant, when the runtime split the keys; a float32
                                   // Contraction split over k: zeroes the output its blocks then add into
-  std::string prep_fn;            // QMatMul's QDot variant: quantises the activation rows into the workspace first
+  std::string prep_fn;            // QMatMul's QDot variant: quantises the activation rows into the workspace first;
+                                  // FlashMmaSkip: summarises its loaded mask there first (mask_summary)
+  int summary_edge = -1;          // ... that mask's input edge
   const std::string& fn() const { return variants.front().fn; }
 };
 

@@ -322,6 +322,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   L_.params.assign(nparams, 0);
   L_.items.assign(ns, 0);
   L_.rows_items.assign(ns, 0);
+  L_.prep_items.assign(ns, 0);
   L_.variant.assign(ns, 0);
   L_.grid.assign(ns, {1, 1, 1});
   L_.threads.assign(ns, 256);
@@ -458,7 +459,16 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
-      ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
+      size_t partials = size_t(rows * splits * (N + 2)) * sizeof(float);
+      ws_bytes_ = std::max(ws_bytes_, partials);
+      const Step& st = s_.steps[i];
+      if (v.kind == Variant::FlashMmaSkip && st.summary_edge >= 0) {  // (mask_summary's bytes after the partials)
+        const ConcreteView& m = cv[size_t(st.summary_edge)];
+        int64_t srows = 1;
+        for (size_t d = 0; d + 1 < m.shape.size(); ++d) srows *= m.strides[d] ? m.shape[d] : 1;
+        L_.prep_items[i] = srows * 8;  // (a warp each: a block of 8 per row)
+        ws_bytes_ = std::max(ws_bytes_, partials + size_t(srows * ((T + 63) / 64)));
+      }
       if (v.kind == Variant::FlashDecode)  // (a ticket per block of the grid's x and its loop over the batches)
         tickets_bytes_ = std::max(tickets_bytes_, size_t((Tq + R - 1) / R * B) * sizeof(unsigned));
       return true;
@@ -569,7 +579,7 @@ void Runtime::configure(size_t i) {
   const Step& st = s_.steps[i];
   const Node& n = g_.node(cs.node);
   const std::vector<int64_t>& shape = plan_.shape(cs.node);
-  L_.items[i] = L_.rows_items[i] = 0;
+  L_.items[i] = L_.rows_items[i] = L_.prep_items[i] = 0;
   L_.variant[i] = st.variants.size() - 1;
   L_.grid[i] = {1, 1, 1};
   L_.threads[i] = 256;
@@ -1481,6 +1491,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
             if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
             unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
+            if (v.kind == Variant::FlashMmaSkip && L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads, unsigned(v.smem));
             if (v.kind != Variant::AttentionRows && !tickets) {
               std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};

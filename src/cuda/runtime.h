@@ -95,6 +95,7 @@ class Runtime {
     std::vector<int64_t> params;              // the parameter block
     std::vector<size_t> slot;                 // per step: its first slot in the block
     std::vector<int64_t> items, rows_items;   // per step: work items (elements, rows, blocks); a Scatter's rows
+    std::vector<int64_t> prep_items;          // per step: warps of the kernel before (FlashMmaSkip's mask summary)
     std::vector<size_t> variant;              // per step: the index of its variant (Step::variants) these dims allow
     std::vector<std::array<unsigned, 3>> grid;  // per step: an explicit grid (tiled products, blocks per row)
     std::vector<unsigned> threads;            // per step: the block-per-row kernel's block size
