@@ -59,9 +59,11 @@ def parse(text: str) -> list[dict]:
             v = float(r[i].replace(",", "")) if r[i] not in ("", "n/a") else float("nan")
             unit = units[i]
             if col == "us":
-                v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+                # (ncu names the unit "nsecond" or "ns", by version)
+                v *= {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[unit]
             elif col == "MB":
-                v *= {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}.get(unit, 1e-6)
+                v *= {"byte": 1e-6, "B": 1e-6, "Kbyte": 1e-3, "KB": 1e-3, "Mbyte": 1.0, "MB": 1.0, "Gbyte": 1e3,
+                      "GB": 1e3}[unit]
             elif col == "Minstr":
                 v *= 1e-6
             rec[col] = v

@@ -171,6 +171,9 @@ def test_kernel_profile_reads_ncu_csv():
     assert rows[0]["MB"] == pytest.approx(40.271104) and rows[1]["regs"] == 168
     assert rows[0]["Minstr"] == pytest.approx(19.922944)
     assert "2 launches, 1072.8 us in all" in kp.table(rows)
+    # (other ncu versions print short unit names)
+    short = kp.parse(_NCU_RAW.replace('"nsecond","byte"', '"ns","B"'))
+    assert [r["us"] for r in short] == [r["us"] for r in rows] and [r["MB"] for r in short] == [r["MB"] for r in rows]
 
 
 def test_compiler_rejects_a_non_float_compute_dtype():

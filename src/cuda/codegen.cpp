@@ -2267,12 +2267,17 @@ std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::
   for (int d = R - 2; d >= 0; --d)
     k << "    if (" << mt.stride(d) << " != 0) { o_ += r_ % " << mt.shape(d) << " * " << mt.stride(d) << "; r_ /= "
       << mt.shape(d) << "; }\n";
-  k << "    for (i64 t = w; t < nt; t += nw) {\n      bool live = false, dirty = false;\n"
-    << "      for (i64 j = t * 64 + lane; j < min(T, t * 64 + 64); j += 32) {\n"
-    << "        float x = (float)ld_" << dtype_name(dtype) << "(" << in << ", o_ + j * " << mt.stride(R - 1) << ");\n"
-    << "        live |= x != ninf;\n        dirty |= x != 0.0f;\n      }\n"
-    << "      live = __any_sync(0xffffffffu, live);\n      dirty = __any_sync(0xffffffffu, dirty);\n"
-    << "      if (lane == 0) sum_[t * srows_ + row] = (live ? 1 : 0) | (dirty ? 2 : 0);\n    }\n  }\n}\n";
+  // (4 tiles a warp at once: their 8 loads a lane in flight together, then the votes)
+  k << "    for (i64 t0 = w; t0 < nt; t0 += 4 * nw) {\n      bool live[4], dirty[4];\n#pragma unroll\n"
+    << "      for (int u = 0; u < 4; ++u) {\n        i64 t = t0 + u * nw;\n        live[u] = dirty[u] = false;\n"
+    << "#pragma unroll\n        for (int h = 0; h < 2; ++h) {\n          i64 j = t * 64 + h * 32 + lane;\n"
+    << "          if (t < nt && j < T) {\n"
+    << "            float x = (float)ld_" << dtype_name(dtype) << "(" << in << ", o_ + j * " << mt.stride(R - 1) << ");\n"
+    << "            live[u] |= x != ninf;\n            dirty[u] |= x != 0.0f;\n          }\n        }\n      }\n"
+    << "#pragma unroll\n      for (int u = 0; u < 4; ++u) {\n        i64 t = t0 + u * nw;\n"
+    << "        bool l_ = __any_sync(0xffffffffu, live[u]), d_ = __any_sync(0xffffffffu, dirty[u]);\n"
+    << "        if (lane == 0 && t < nt) sum_[t * srows_ + row] = (l_ ? 1 : 0) | (d_ ? 2 : 0);\n      }\n"
+    << "    }\n  }\n}\n";
   return add_kernel(k.str());
 }
 
@@ -2438,7 +2443,21 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   std::string vec_loop = "#pragma unroll\n          for (int x = tid; x < 64 * " + std::to_string(DH / 8) + "; x += " +
                          std::to_string(TH) + ") {\n            int jj = x / " + std::to_string(DH / 8) + ", d = (x % " +
                          std::to_string(DH / 8) + ") * 8;\n            i64 j = j0 + jj;\n";
-  if (async)  // (16-byte copies straight to shared memory: the cache is in the compute dtype)
+  const int D8c = DH / 8, RS = TH / D8c;  // (the 16-byte chunks of a row; rows a pass of the block covers)
+  if (async && TH % D8c == 0 && 64 % RS == 0)
+    // (16-byte copies straight to shared memory: the cache is in the compute dtype). A thread copies chunk
+    // tid % D8c of rows tid / D8c + k * RS: its row addresses found once per tile and stepped, the key check in 32
+    // bits (per copy, the 64-bit index arithmetic had outnumbered the copies several times).
+    f << "        if (vec_) {\n"
+      << "          const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
+      << ") * 8;\n          const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
+      << "          const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
+      << "#pragma unroll\n          for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
+      << "            int jj = lr_ + k * " << RS << ";\n            bool ok = jj < rem_;  // (else zeros; nothing read)\n"
+      << "            cp_async16(smem_u32(&Ks[jj][lc_]), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
+      << "            cp_async16(smem_u32(&Vs[jj][lc_]), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
+      << "            kp_ += " << RS << " * kjs;\n            vp_ += " << RS << " * vjs;\n          }\n          return;\n        }\n";
+  else if (async)
     f << "        if (vec_) {\n" << vec_loop
       << "            bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
       << "            cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * kjs + d : 0), okk);\n"
