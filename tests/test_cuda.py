@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import luminal as lm
-from helpers import needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
+from helpers import check, needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
 
 PY = os.path.dirname(os.path.dirname(os.path.abspath(lm.__file__)))  # this luminal: a checkout's or the installed one
 
@@ -575,3 +575,27 @@ def test_llama_decode_steps_match_the_cpu(graphs, rng, monkeypatch):
         cpu, gpu_ = (s.step(tok) for s in sessions)
         np.testing.assert_allclose(gpu_, cpu, rtol=2e-4, atol=2e-4, err_msg=f"step {k}")
     assert sessions[1]._capacity == 32
+
+
+@pytest.mark.parametrize("per", ["1", "2", "4"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_element_loop_elements_per_thread(cuda_backend, rng, monkeypatch, per, dtype):
+    """Element-wise loops at 1, 2 and 4 elements a thread (LUMINAL_CUDA_ELEMENTS): rows of 7 (groups cross rows
+    and step their index over the row's end), a transposed input, a total not a multiple of the group, and float,
+    16-bit and bool results (the vector stores)."""
+    monkeypatch.setenv("LUMINAL_CUDA_ELEMENTS", per)
+
+    def fn(a, b):
+        x = a * b.transpose(0, 1) + a.exp()
+        return [x, x.gt(0.5)]
+
+    check(fn, shapes=[(5, 3, 7), (3, 5, 7)], dtype=dtype, backend=cuda_backend, rng=rng)
+    check(lambda a: (a * 3.0 + 1.0).sin(), shapes=[(2, 1029)], dtype=dtype, backend=cuda_backend, rng=rng)
+
+
+def test_element_loop_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("LUMINAL_CUDA_ELEMENTS", "3")
+    cx = lm.Graph()
+    (cx.tensor((4, 4)) * 2.0).output()
+    with pytest.raises(ValueError, match="LUMINAL_CUDA_ELEMENTS must be 1, 2 or 4"):
+        cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32", device=None))

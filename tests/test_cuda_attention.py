@@ -300,10 +300,11 @@ int main(int argc, char** argv) {
   for (i64 k = 0; k < nin; ++k) { in[k].resize(sizes[k]); std::fread(in[k].data(), 1, sizes[k], f); }
   std::fclose(f);
   std::vector<float> out(nout, 12345.0f);
-  std::vector<float> ws(WSFLOATS, 12345.0f);  // (the key ranges' partials, then a mask summary's bytes)
+  std::vector<float> ws(WSFLOATS, 12345.0f);  // (the key ranges' partials)
+  std::vector<unsigned char> sm(SMBYTES, 77);  // (a mask summary)
   int err = 0;
   PREP
-  launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()); });
+  launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()SMARG); });
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
   std::printf("%d\n", MMAS);
 }
@@ -376,9 +377,10 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
     threads = int(re.search(r"__launch_bounds__\((\d+)", text)[1])  # (16 query rows per warp)
     grid = [(Tq + threads // 2 - 1) // (threads // 2), B, 1]
     main = _HOST_ATTN_MAIN.replace("MAIN", name).replace("THREADS", str(threads))
-    main = main.replace("WSFLOATS", str(rows * (N + 2) + rows * -(-T // 64)))
+    main = main.replace("WSFLOATS", str(rows * (N + 2))).replace("SMBYTES", str(rows * -(-T // 64)))
+    main = main.replace("SMARG", "" if prep is None else ", sm.data()")
     main = main.replace("PREP", "" if prep is None else "launch(2, 1, 1, 256, [&] { %s(p.data(), &err, out.data(), "
-                        "in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()); });" % prep)
+                        "in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data(), sm.data()); });" % prep)
     exe = cuda_host.build(_HOST_ATTN + ("" if prep is None else texts[prep]) + text + main, tmp_path)
     outs, skips = [], []
     for vec in vecs:
@@ -436,6 +438,32 @@ def test_flash_mma_masks(backend, rng, monkeypatch, case, dtype, fallback):
         monkeypatch.setenv("LUMINAL_CUDA_FLASH_MMA_SKIP", "0")
     fn, arrays = _host_case(case, rng.data)
     check(fn, fn, arrays=arrays, dtype=dtype, backend=backend, rng=rng, name=f"flash-mma {case}", tol_scale=2)
+
+
+def test_cuda_mask_summary_shared_by_attentions(rng, monkeypatch):
+    """flash-mma-skip over a loaded mask (on a GPU): attentions reading one mask node through one view share its
+    summary, computed once (every layer of a model reads one causal mask); a second mask node gets its own summary
+    kernel. Both match torch."""
+    if needs_cuda() is not None:
+        pytest.skip(needs_cuda())
+    monkeypatch.setenv("LUMINAL_CUDA_GRAPHS", "0")
+    fn, (q, k, v, m) = _host_case("middle", rng.data)
+    q2 = rng.data(q.shape)
+    want = (fn(*map(torch.from_numpy, (q, k, v, m))) + fn(*map(torch.from_numpy, (q2, k, v, m)))).numpy()
+    launches = []
+    for shared in (True, False):
+        cx = lm.Graph()
+        tq, tq2, tk, tv, tm = (cx.tensor(a.shape).set(a) for a in (q, q2, k, v, m))
+        tm2 = tm if shared else cx.tensor(m.shape).set(m)
+        out = (fn(tq, tk, tv, tm) + fn(tq2, tk, tv, tm2)).output()
+        comp = lm.CudaCompiler("bfloat16")
+        cx.compile(lm.GenericCompiler(), comp)
+        kinds = [[kind for kind, _ in vs][0] for _, vs, _ in comp.schedule.kernels()]
+        assert kinds.count("flash-mma-skip") == 2 and len(comp.schedule.prep_kernels()) == 2, kinds
+        cx.execute()
+        np.testing.assert_allclose(out.numpy(), want, rtol=2e-2, atol=2e-2, err_msg=f"shared={shared}")
+        launches.append(cx._runtime.rt.last_launches())
+    assert launches[1] == launches[0] + 1, launches  # (the second mask's summary)
 
 
 @pytest.mark.parametrize("case,kind,window", [(c, "flash-mma-skip", None) for c in HOST_CASES] +

@@ -53,21 +53,22 @@ template <class T> __device__ __forceinline__ void st_bfloat16(void* b, i64 o, T
 template <class T> __device__ __forceinline__ void st_int32(void* b, i64 o, T v) { ((int*)b)[o] = (int)trunc_i32((double)v); }
 template <class T> __device__ __forceinline__ void st_uint8(void* b, i64 o, T v) { ((u8*)b)[o] = wrap_u8((double)v); }
 template <class T> __device__ __forceinline__ void st_bool(void* b, i64 o, T v) { ((u8*)b)[o] = v != (T)0; }
-// Elements o..o+3 (o a multiple of 4) by one store where the address allows (element_loop's groups).
-template <class S> __device__ __forceinline__ void st4_raw(S* p, const S* x) {
-  if (((size_t)p & (4 * sizeof(S) - 1)) != 0) { for (int k = 0; k < 4; ++k) p[k] = x[k]; return; }
-  if (sizeof(S) == 4) *(uint4*)p = *(const uint4*)x;
-  else if (sizeof(S) == 2) *(uint2*)p = *(const uint2*)x;
+// Elements o..o+V-1 (o a multiple of V) by one store where the address allows (element_loop's groups).
+template <int V, class S> __device__ __forceinline__ void stv_raw(S* p, const S* x) {
+  constexpr int B = V * sizeof(S);
+  if (((size_t)p & (B - 1)) != 0 || (B != 4 && B != 8 && B != 16)) { for (int k = 0; k < V; ++k) p[k] = x[k]; return; }
+  if (B == 16) *(uint4*)p = *(const uint4*)x;
+  else if (B == 8) *(uint2*)p = *(const uint2*)x;
   else *(unsigned*)p = *(const unsigned*)x;
 }
-#define LUMINAL_ST4(NAME, S, CONV) template <class T> __device__ __forceinline__ void st4_##NAME(void* b, i64 o, const T* v) { \
-  __align__(16) S x[4]; for (int k = 0; k < 4; ++k) { T w = v[k]; x[k] = CONV; } st4_raw((S*)b + o, x); }
-LUMINAL_ST4(float32, float, (float)w)
-LUMINAL_ST4(float16, u16, f32_f16((float)w))
-LUMINAL_ST4(bfloat16, u16, f32_bf16((float)w))
-LUMINAL_ST4(int32, int, (int)trunc_i32((double)w))
-LUMINAL_ST4(uint8, u8, wrap_u8((double)w))
-LUMINAL_ST4(bool, u8, (u8)(w != (T)0))
+#define LUMINAL_STV(NAME, S, CONV) template <int V, class T> __device__ __forceinline__ void stv_##NAME(void* b, i64 o, const T* v) { \
+  __align__(16) S x[V]; for (int k = 0; k < V; ++k) { T w = v[k]; x[k] = CONV; } stv_raw<V>((S*)b + o, x); }
+LUMINAL_STV(float32, float, (float)w)
+LUMINAL_STV(float16, u16, f32_f16((float)w))
+LUMINAL_STV(bfloat16, u16, f32_bf16((float)w))
+LUMINAL_STV(int32, int, (int)trunc_i32((double)w))
+LUMINAL_STV(uint8, u8, wrap_u8((double)w))
+LUMINAL_STV(bool, u8, (u8)(w != (T)0))
 template <class T> __device__ __forceinline__ T rd_float32(T v) { return (T)(float)v; }
 template <class T> __device__ __forceinline__ T rd_float16(T v) { return (T)f16_f32(f32_f16((float)v)); }
 template <class T> __device__ __forceinline__ T rd_bfloat16(T v) { return (T)bf16_f32(f32_bf16((float)v)); }
@@ -203,10 +204,6 @@ struct Text {
   Text& operator<<(long long v) { s += std::to_string(v); return *this; }
   const std::string& str() const { return s; }
 };
-
-// Elements an element-wise loop's thread takes at once along the innermost axis (element_loop).
-constexpr int kElementsPerThread = 4;
-static_assert(kElementsPerThread == 4, "the prelude's st4_ stores 4 elements");
 
 // Text that reads slots of a view.
 struct ViewText {
@@ -550,6 +547,18 @@ class Generator {
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
+  // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the prefill's
+  // element-wise kernels faster still, but the unrolled bodies doubled NVRTC's time for the test suite's kernels);
+  // LUMINAL_CUDA_ELEMENTS=1|2|4 to compare.
+  int elements_ = elements_per_thread();
+  static int elements_per_thread() {
+    const char* e = std::getenv("LUMINAL_CUDA_ELEMENTS");
+    if (!e || !*e) return 2;
+    std::string v = e;
+    if (v != "1" && v != "2" && v != "4")
+      throw std::invalid_argument("LUMINAL_CUDA_ELEMENTS must be 1, 2 or 4, got '" + v + "'");
+    return std::stoi(v);
+  }
   Module mod_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
@@ -641,7 +650,7 @@ class Generator {
   std::string flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                           const std::string& aliases, const std::vector<std::string>& args, int DH);
   std::string mask_summary(const ViewSlot& mv, DType dtype, const std::string& aliases,
-                           const std::vector<std::string>& args, int E, const std::string& in);
+                           const std::vector<std::string>& args, const std::string& in);
   FlashText flash_text(const Step& st, const Node& n, int DH,
                        const std::function<std::string(const std::string&)>& row_extra) const;
   // The attention kernels' load of edge e's element as float, up to its offset: "(float)ld_<storage>(e<e>, "
@@ -729,27 +738,32 @@ std::string Generator::program_at(const Program& prog, const Step& st, const Nod
 }
 
 // The body of an element-wise program's loop (see loop_kernel), and its elements per item (Loop::per). Item t is
-// elements t * V.. (V = kElementsPerThread) along the innermost axis: unravelled once, the program is evaluated at
-// V consecutive innermost indices where they stay in the row (the index arithmetic, a 64-bit division per axis,
-// outweighed the work of a cheap program, and a thread's V loads are in flight together); elsewhere (a row's end,
-// the last item) element by element.
+// elements t * V.. (V = elements_) in order: its index unravelled once and stepped (the index arithmetic, a 64-bit
+// division per axis, outweighed the work of a cheap program), the program evaluated at each (the loads of the V in
+// flight together), the results stored by one vector store where the V stay in the row, else one by one.
 std::pair<std::string, int> Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
   std::string res = "r" + std::to_string(prog.code.size() - 1), st_fn = "st_" + std::string(dtype_name(n.dtype));
   int R = st.views.empty() ? 0 : st.views[0].rank;
-  if (R == 0) return {program_at(prog, st, n, "t") + "    " + st_fn + "(out, t, " + res + ");\n", 1};
-  const int V = kElementsPerThread;
+  const int V = elements_;
+  if (R == 0 || V == 1) return {program_at(prog, st, n, "t") + "    " + st_fn + "(out, t, " + res + ");\n", 1};
   bool dbl = double_registers(prog, n);
-  std::string Vs = std::to_string(V), last = "i" + std::to_string(R - 1);
+  std::string Vs = std::to_string(V), T = dbl ? "double" : "float";
+  ViewText v0{st.views[0]};
   Text b;
-  std::string T = dbl ? "double" : "float";
   b << "    i64 t0_ = t * " << Vs << ";\n" << unravel(st.views[0], 0, R, "t0_")
-    << "    if (t0_ + " << Vs << " <= p[1] && " << last << " + " << Vs << " <= " << ViewText{st.views[0]}.shape(R - 1)
-    << ") {\n    i64 il_ = " << last << ";\n    " << T << " v_[" << Vs << "];\n#pragma unroll\n"
-    << "    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n    i64 " << last << " = il_ + e_;\n"
+    << "    const bool full_ = t0_ + " << Vs << " <= p[1] && i" << R - 1 << " + " << Vs << " <= " << v0.shape(R - 1)
+    << ";\n    " << T << " v_[" << Vs << "];\n#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
+    << "    if (e_) {  // (the next element's index: a step, not a second unravel)\n";
+  for (int d = R - 1; d >= 0; --d) {
+    std::string I = "i" + std::to_string(d);
+    b << "    ++" << I << ";\n";
+    if (d > 0) b << "    if (" << I << " == " << v0.shape(d) << ") {\n    " << I << " = 0;\n";
+  }
+  for (int d = 1; d < R; ++d) b << "    }\n";
+  b << "    }\n    if (full_ || t0_ + e_ < p[1]) {\n"
     << program_body(prog, st, n, T, dbl, names("i", 0, R), std::vector<char>(prog.code.size(), 1), size_t(-1))
-    << "    v_[e_] = " << res << ";\n    }\n    st4_" << dtype_name(n.dtype) << "(out, t0_, v_);\n    } else {\n"
-    << "    for (i64 t = t0_; t < min(t0_ + " << Vs << ", p[1]); ++t) {\n" << program_at(prog, st, n, "t") << "    "
-    << st_fn << "(out, t, " << res << ");\n    }\n    }\n";
+    << "    v_[e_] = " << res << ";\n    if (!full_) " << st_fn << "(out, t0_ + e_, " << res << ");\n    }\n    }\n"
+    << "    if (full_) stv_" << dtype_name(n.dtype) << "<" << Vs << ">(out, t0_, v_);\n";
   return {b.str(), V};
 }
 
@@ -2246,18 +2260,15 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
 // (the tiles below the diagonal: no mask loads). Each warp votes on its rows; the votes meet in shared bit sets.
 // The program's unpadded inputs are read through per-row bases computed once (an element adds its key's stride).
 // The loaded additive mask of flash_tiles, summarised: a byte per distinct row of its view (the broadcast row dims
-// taken once) and 64-key tile, 1: some key of the tile seen (not -inf), 2: some key's mask not 0. Laid out tile by
-// tile after the key ranges' partial results in the workspace. Same parameters as the attention kernel, launched
-// before it with a block of 8 warps per row (Runtime::prep_items: rows x 8 warps).
+// taken once) and 64-key tile, 1: some key of the tile seen (not -inf), 2: some key's mask not 0, laid out tile by
+// tile in `sm`. Same parameters as the attention kernel, launched before it with a block of 8 warps per row.
 std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::string& aliases,
-                                    const std::vector<std::string>& args, int E, const std::string& in) {
-  auto P = [&](int k) { return "p[" + std::to_string(E + k) + "]"; };
+                                    const std::vector<std::string>& args, const std::string& in) {
   ViewText mt{mv};
   int R = mv.rank;
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(args) << " {\n" << aliases
-    << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4) << ";\n"
-    << "  unsigned char* sum_ = (unsigned char*)((float*)ws + B * Tq * nsplit * (N + 2));\n"
+    << "  i64 T = p[2];\n  unsigned char* sum_ = (unsigned char*)sm;\n"
     << "  const float ninf = -__int_as_float(0x7f800000);\n  i64 srows_ = 1, nt = (T + 63) / 64;\n";
   for (int d = 0; d + 1 < R; ++d) k << "  if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
   // (a block per row: its offset unravelled once; the warps take its tiles in turn)
@@ -2316,9 +2327,13 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     if (i != plan.scores && !ps.views[size_t(i)].masked && ps.views[size_t(i)].rank == Rp) based.push_back(i);
   // A loaded mask is classified once per distinct row of it (mask_summary), not by every block: the query heads
   // that share its rows (a broadcast dim) read a byte per row and tile instead of the tile's elements.
+  // The summary is its own buffer (`sm`, after the workspace): steps reading the same mask through the same view
+  // (every layer of a model) share one, computed before the first of them (Runtime::assign_summaries).
   bool summ = minput >= 0 && std::count(based.begin(), based.end(), minput);
+  std::vector<std::string> kargs = args;
   if (summ) {
-    st.prep_fn = mask_summary(ps.views[size_t(minput)], storage(pn.inputs[size_t(minput)].node), aliases, args, E,
+    kargs.push_back("sm");
+    st.prep_fn = mask_summary(ps.views[size_t(minput)], storage(pn.inputs[size_t(minput)].node), aliases, kargs,
                               "in" + std::to_string(minput));
     st.summary_edge = minput == plan.scores ? -1 : 3 + minput - (minput > plan.scores ? 1 : 0);
   }
@@ -2369,7 +2384,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   };
 
   Text f;
-  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(args) << " {\n"
+  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(kargs) << " {\n"
     << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
   if (mreg >= 0)
     f << "  __shared__ unsigned live_[32], dirty_[32];  // per key tile of a window: seen by a row; mask not 0 somewhere\n";
@@ -2400,8 +2415,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     const ViewSlot& mv = ps.views[size_t(minput)];
     ViewText mt{mv};
     f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n      {\n"
-      << "      const unsigned char* sum_ = (const unsigned char*)((const float*)ws + B * Tq * nsplit * (N + 2));\n"
-      << "      i64 srows_ = 1, sr_ = 0;\n";
+      << "      const unsigned char* sum_ = (const unsigned char*)sm;\n      i64 srows_ = 1, sr_ = 0;\n";
     for (int d = 0; d + 1 < Rp; ++d) f << "      if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
     f << "      {\n    i64 rr_ = t0 + (tid & 63) < Tq ? rb_ + (tid & 63) : rb_, m_ = 1;\n" << unravel(mv, 0, Rp - 1, "rr_", "s");
     for (int d = Rp - 2; d >= 0; --d)

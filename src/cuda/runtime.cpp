@@ -323,6 +323,8 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   L_.items.assign(ns, 0);
   L_.rows_items.assign(ns, 0);
   L_.prep_items.assign(ns, 0);
+  L_.summary_rows.assign(ns, 0);
+  L_.summary_off.assign(ns, 0);
   L_.variant.assign(ns, 0);
   L_.grid.assign(ns, {1, 1, 1});
   L_.threads.assign(ns, 256);
@@ -387,6 +389,9 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
         // once (the passes are unrolled by 4); a decode step's RMSNorm over 4096 was latency-bound at 16 per thread.
         unsigned t = 32;
         while (t < 1024 && int64_t(t) * 4 < p[2]) t *= 2;
+        // Many rows (prefill): at most 256 threads, so that 8 rows a multiprocessor are in flight, not 2 (a row's
+        // passes and block reductions are a chain of latencies).
+        if (L_.items[i] >= 4 * int64_t(sms_)) t = std::min(t, 256u);
         L_.threads[i] = t;
         L_.grid[i] = {unsigned(std::max<int64_t>(1, std::min<int64_t>(L_.items[i], int64_t(sms_) * 16))), 1, 1};
         return true;
@@ -459,15 +464,12 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
-      size_t partials = size_t(rows * splits * (N + 2)) * sizeof(float);
-      ws_bytes_ = std::max(ws_bytes_, partials);
+      ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
       const Step& st = s_.steps[i];
-      if (v.kind == Variant::FlashMmaSkip && st.summary_edge >= 0) {  // (mask_summary's bytes after the partials)
+      if (v.kind == Variant::FlashMmaSkip && st.summary_edge >= 0) {  // (its mask summary: assign_summaries)
         const ConcreteView& m = cv[size_t(st.summary_edge)];
-        int64_t srows = 1;
-        for (size_t d = 0; d + 1 < m.shape.size(); ++d) srows *= m.strides[d] ? m.shape[d] : 1;
-        L_.prep_items[i] = srows * 8;  // (a warp each: a block of 8 per row)
-        ws_bytes_ = std::max(ws_bytes_, partials + size_t(srows * ((T + 63) / 64)));
+        L_.summary_rows[i] = 1;
+        for (size_t d = 0; d + 1 < m.shape.size(); ++d) L_.summary_rows[i] *= m.strides[d] ? m.shape[d] : 1;
       }
       if (v.kind == Variant::FlashDecode)  // (a ticket per block of the grid's x and its loop over the batches)
         tickets_bytes_ = std::max(tickets_bytes_, size_t((Tq + R - 1) / R * B) * sizeof(unsigned));
@@ -579,7 +581,7 @@ void Runtime::configure(size_t i) {
   const Step& st = s_.steps[i];
   const Node& n = g_.node(cs.node);
   const std::vector<int64_t>& shape = plan_.shape(cs.node);
-  L_.items[i] = L_.rows_items[i] = L_.prep_items[i] = 0;
+  L_.items[i] = L_.rows_items[i] = L_.prep_items[i] = L_.summary_rows[i] = 0;
   L_.variant[i] = st.variants.size() - 1;
   L_.grid[i] = {1, 1, 1};
   L_.threads[i] = 256;
@@ -720,6 +722,28 @@ void Runtime::build_plan(const Bindings& dims) {
   }
   up_lo_ = std::min(up_lo_, lo_slot);
   up_hi_ = std::max(up_hi_, hi_slot);
+  assign_summaries();
+}
+
+// Steps that read the same mask node through the same view (every layer's attention reading one causal mask) share
+// its summary: computed by the first of them in step order (which the launches follow), read by the rest. Within a
+// run a node's buffer holds its value until its last reader.
+void Runtime::assign_summaries() {
+  std::map<std::vector<int64_t>, size_t> seen;
+  size_t at = 0;
+  for (size_t i = 0; i < s_.steps.size(); ++i) {
+    if (!L_.summary_rows[i]) continue;
+    const Step& st = s_.steps[i];
+    const ViewSlot& vs = st.views[size_t(st.summary_edge)];
+    const int64_t* p = L_.params.data() + L_.slot[i];
+    std::vector<int64_t> key{g_.node(core(i).node).inputs[size_t(st.summary_edge)].node, p[2]};
+    key.insert(key.end(), p + vs.base, p + vs.base + 2 + 2 * vs.rank);  // (offset, size, shape, strides)
+    auto [it, fresh] = seen.emplace(key, at);
+    L_.summary_off[i] = it->second;
+    L_.prep_items[i] = fresh ? L_.summary_rows[i] * 8 : 0;  // (a block of 8 warps per row)
+    if (fresh) at += (size_t(L_.summary_rows[i] * ((p[2] + 63) / 64)) + 255) / 256 * 256;
+  }
+  summaries_bytes_ = std::max(summaries_bytes_, at);
 }
 
 // What planning changed reaches the device: the parameter block's changed range, the Iota block, a larger arena.
@@ -739,6 +763,10 @@ void Runtime::upload_plan() {
   if (ws_bytes_ && (!ws_ || ws_->bytes < ws_bytes_)) {
     ws_.reset();
     ws_ = device_alloc(size_class(ws_bytes_));
+  }
+  if (summaries_bytes_ && (!summaries_ || summaries_->bytes < summaries_bytes_)) {
+    summaries_.reset();
+    summaries_ = device_alloc(size_class(summaries_bytes_));
   }
   if (tickets_bytes_ && (!tickets_ || tickets_->bytes < tickets_bytes_)) {
     tickets_.reset();
@@ -1499,7 +1527,10 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
             if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
             unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
-            if (v.kind == Variant::FlashMmaSkip && L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
+            if (v.kind == Variant::FlashMmaSkip && L_.summary_rows[i]) {
+              ptrs.push_back(summaries_->ptr + L_.summary_off[i]);
+              if (L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
+            }
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), threads, unsigned(v.smem));
             if (v.kind != Variant::AttentionRows && !tickets) {
               std::vector<CUdeviceptr> comb{ptr[id], ws_ ? ws_->ptr : 0};

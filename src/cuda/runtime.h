@@ -95,7 +95,10 @@ class Runtime {
     std::vector<int64_t> params;              // the parameter block
     std::vector<size_t> slot;                 // per step: its first slot in the block
     std::vector<int64_t> items, rows_items;   // per step: work items (elements, rows, blocks); a Scatter's rows
-    std::vector<int64_t> prep_items;          // per step: warps of the kernel before (FlashMmaSkip's mask summary)
+    std::vector<int64_t> prep_items;          // per step: warps of the kernel before (FlashMmaSkip's mask summary;
+                                              // 0 where an earlier step's summary is the same)
+    std::vector<int64_t> summary_rows;        // per step: FlashMmaSkip's mask summary, distinct rows (0: none) ...
+    std::vector<size_t> summary_off;          // ... and its offset in summaries_
     std::vector<size_t> variant;              // per step: the index of its variant (Step::variants) these dims allow
     std::vector<std::array<unsigned, 3>> grid;  // per step: an explicit grid (tiled products, blocks per row)
     std::vector<unsigned> threads;            // per step: the block-per-row kernel's block size
@@ -114,6 +117,7 @@ class Runtime {
   void write_into_dest(size_t step);
   void build_plan(const Bindings& dims);  // host work only; upload_plan sends it (raises: drop_plan)
   void upload_plan();
+  void assign_summaries();  // after build_plan's steps: each distinct mask summary's place, its first step
   void plan_ahead(const Bindings& dims);
   void drop_plan();
   size_t up_lo_ = SIZE_MAX, up_hi_ = 0;  // the parameter slots planned but not uploaded yet
@@ -197,6 +201,8 @@ class Runtime {
   std::shared_ptr<DeviceBuffer> arena_, params_, err_;
   std::shared_ptr<DeviceBuffer> ws_;  // attention split over key ranges: the ranges' partial rows
   size_t ws_bytes_ = 0;               // what the plans so far need of it
+  std::shared_ptr<DeviceBuffer> summaries_;  // FlashMmaSkip's mask summaries (assign_summaries)
+  size_t summaries_bytes_ = 0;
   // FlashDecode's tickets (a counter per tile of rows, zero between launches: the last key range to finish resets
   // it), and the bytes the plans so far need of them
   std::shared_ptr<DeviceBuffer> tickets_;
