@@ -547,9 +547,9 @@ class Generator {
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
-  // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the prefill's
-  // element-wise kernels faster still, but the unrolled bodies doubled NVRTC's time for the test suite's kernels);
-  // LUMINAL_CUDA_ELEMENTS=1|2|4 to compare.
+  // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
+  // no faster, and its unrolled bodies doubled NVRTC's time over the test suite's kernels); LUMINAL_CUDA_ELEMENTS=1|2|4
+  // to compare.
   int elements_ = elements_per_thread();
   static int elements_per_thread() {
     const char* e = std::getenv("LUMINAL_CUDA_ELEMENTS");
@@ -2249,16 +2249,6 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   return add_kernel(f.str());
 }
 
-// Prefill attention on tensor cores (FlashMmaSkip): blocks of 4 warps, 16 query rows each (64 rows), keys in tiles
-// of 64 through two shared-memory stages (the next live tile's copies in flight while this one's products run).
-// S = Q K^T with q's fragments in registers and K's by ldmatrix; the row program and the online softmax on S's
-// fragments (a row spans a quad); P, repacked in registers as the A operand, times V (ldmatrix.trans). Operands
-// rounded to the 16-bit compute dtype, float32 accumulators, as the tensor-core MatMul.
-// An additive mask (x = A + M, M not reading the scores) is classified once per window of 1024 tiles, before any
-// product: a tile whose M is -inf for all the block's rows is never loaded (causal prefill: the tiles past the
-// diagonal), and where M is a loaded input, a tile where it is 0 at every element runs its program with M as 0
-// (the tiles below the diagonal: no mask loads). Each warp votes on its rows; the votes meet in shared bit sets.
-// The program's unpadded inputs are read through per-row bases computed once (an element adds its key's stride).
 // The loaded additive mask of flash_tiles, summarised: a byte per distinct row of its view (the broadcast row dims
 // taken once) and 64-key tile, 1: some key of the tile seen (not -inf), 2: some key's mask not 0, laid out tile by
 // tile in `sm`. Same parameters as the attention kernel, launched before it with a block of 8 warps per row.
@@ -2292,6 +2282,18 @@ std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::
   return add_kernel(k.str());
 }
 
+// Prefill attention on tensor cores (FlashMmaSkip): blocks of 4 warps, 16 query rows each (64 rows), keys in tiles
+// of 64 through two shared-memory stages (the next live tile's copies in flight while this one's products run).
+// S = Q K^T with q's fragments in registers and K's by ldmatrix; the row program and the online softmax on S's
+// fragments (a row spans a quad); P, repacked in registers as the A operand, times V (ldmatrix.trans). Operands
+// rounded to the 16-bit compute dtype, float32 accumulators, as the tensor-core MatMul.
+// An additive mask (x = A + M, M not reading the scores) is classified once per window of 1024 tiles, before any
+// product: a tile whose M is -inf for all the block's rows is never loaded (causal prefill: the tiles past the
+// diagonal), and where M is a loaded input, a tile where it is 0 at every element runs its program with M as 0
+// (the tiles below the diagonal: no mask loads). A loaded M is read from its summary (mask_summary), each thread
+// taking its row's byte per tile; a computed one is evaluated by each warp over its rows. The votes meet in shared
+// bit sets. The program's unpadded inputs are read through per-row bases computed once (an element adds its key's
+// stride).
 std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                                    const std::string& aliases, const std::vector<std::string>& args, int DH) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;

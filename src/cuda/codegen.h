@@ -87,7 +87,8 @@ struct Step {
                                   // results, after the Flash variant, when the runtime split the keys; a float32
                                   // Contraction split over k: zeroes the output its blocks then add into
   std::string prep_fn;            // QMatMul's QDot variant: quantises the activation rows into the workspace first;
-                                  // FlashMmaSkip: summarises its loaded mask there first (mask_summary)
+                                  // FlashMmaSkip: summarises its loaded mask first (mask_summary; into the
+                                  // runtime's summaries, shared by steps reading one mask)
   int summary_edge = -1;          // ... that mask's input edge
   const std::string& fn() const { return variants.front().fn; }
 };
