@@ -330,7 +330,7 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
     name = dict(variants)[kind]
     texts = dict(comp.schedule.kernel_texts)
     text = texts[name]
-    # flash-mma-skip with a loaded mask launches its summary kernel first (a warp per distinct mask row and tile)
+    # flash-mma-skip with a loaded mask launches its summary kernel first (a block per distinct mask row)
     prep = comp.schedule.prep_kernels().get(aid) if kind == "flash-mma-skip" else None
     assert (prep is not None) == (kind == "flash-mma-skip"), (kind, prep)  # (every case's mask is loaded)
     if window:
