@@ -1026,7 +1026,7 @@ class Tensor:
         within = rows._arg(ax + 1, False, True)  # [..., chunks, ...]
         which = rows.amax(ax + 1)._arg(ax, True, True)  # [..., 1, ...]
         at = _arange_along(within, ax)
-        pick = (~(at.lt(which) | which.lt(at))).to(dt.int32) * within
+        pick = at.eq(which).to(dt.int32) * within
         out = which * _scalar(self.graph, chunk, dt.int32) + pick.sum(ax, keepdim=True, dtype=dt.int32)
         return out if keepdim else out.squeeze(ax)
 

@@ -2249,6 +2249,15 @@ std::string Generator::flash_mma(const Step& st, const Node& n, const Step& ps, 
   return add_kernel(f.str());
 }
 
+// Statements multiplying `srows_` by the mask view's row dims that are not broadcast (stride 0): its distinct rows,
+// the rows of its summary (mask_summary writes them, flash_tiles reads them; Runtime::applies counts them alike).
+std::string summary_rows(const ViewSlot& mv, const std::string& indent) {
+  ViewText mt{mv};
+  std::string s;
+  for (int d = 0; d + 1 < mv.rank; ++d) s += indent + "if (" + mt.stride(d) + " != 0) srows_ *= " + mt.shape(d) + ";\n";
+  return s;
+}
+
 // The loaded additive mask of flash_tiles, summarised: a byte per distinct row of its view (the broadcast row dims
 // taken once) and 64-key tile, 1: some key of the tile seen (not -inf), 2: some key's mask not 0, laid out tile by
 // tile in `sm`. Same parameters as the attention kernel, launched before it with a block of 8 warps per row.
@@ -2260,7 +2269,7 @@ std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::
   k << "extern \"C\" __global__ void NAME" << params(args) << " {\n" << aliases
     << "  i64 T = p[2];\n  unsigned char* sum_ = (unsigned char*)sm;\n"
     << "  const float ninf = -__int_as_float(0x7f800000);\n  i64 srows_ = 1, nt = (T + 63) / 64;\n";
-  for (int d = 0; d + 1 < R; ++d) k << "  if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
+  k << summary_rows(mv, "  ");
   // (a block per row: its offset unravelled once; the warps take its tiles in turn)
   k << "  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
     << "  for (i64 row = blockIdx.x; row < srows_; row += gridDim.x) {\n"
@@ -2418,7 +2427,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     ViewText mt{mv};
     f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n      {\n"
       << "      const unsigned char* sum_ = (const unsigned char*)sm;\n      i64 srows_ = 1, sr_ = 0;\n";
-    for (int d = 0; d + 1 < Rp; ++d) f << "      if (" << mt.stride(d) << " != 0) srows_ *= " << mt.shape(d) << ";\n";
+    f << summary_rows(mv, "      ");
     f << "      {\n    i64 rr_ = t0 + (tid & 63) < Tq ? rb_ + (tid & 63) : rb_, m_ = 1;\n" << unravel(mv, 0, Rp - 1, "rr_", "s");
     for (int d = Rp - 2; d >= 0; --d)
       f << "    if (" << mt.stride(d) << " != 0) { sr_ += s" << d << " * m_; m_ *= " << mt.shape(d) << "; }\n";

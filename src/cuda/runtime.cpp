@@ -1041,8 +1041,7 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
     timing_ = true;
     CUevent ev[2] = {nullptr, nullptr};
     std::string log;
-    Variant::Kind best = st.variants[cands[0].first].kind;
-    int best_c = 0;
+    size_t best_c = 0;
     try {
       for (auto& e : ev) check(d.cuEventCreate(&e, 0), "cuEventCreate");
       // Two rounds over the candidates, each one's best kept: a first call's one-time work (cuBLASLt picking its
@@ -1065,7 +1064,7 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
       for (size_t c = 0; c < cands.size(); ++c) {
         const Variant& var = st.variants[cands[c].first];
         log += std::string(" ") + variant_name(var.kind) + " " + std::to_string(t[c] / 3) + " ms";
-        if (c == 0 || t[c] < t[size_t(best_c)]) best_c = int(c), best = var.kind;
+        if (t[c] < t[best_c]) best_c = c;
       }
     } catch (...) {
       graphs_on_ = graphs;
@@ -1079,6 +1078,7 @@ void Runtime::choose(size_t i, const std::vector<CUdeviceptr>& ptrs) {
     launched_ = launched;
     blas_copied_.second = SIZE_MAX;  // (the count goes back: a copy made while timing is not known to follow)
     for (auto& e : ev) d.cuEventDestroy(e);
+    Variant::Kind best = st.variants[cands[best_c].first].kind;
     // LUMINAL_CUDA_TUNE_LOG=1: each choice and its times on stderr
     if (const char* t = std::getenv("LUMINAL_CUDA_TUNE_LOG"); t && *t && std::string(t) != "0")
       std::fprintf(stderr, "luminal tune: %s (node %lld):%s -> %s\n", op_label(n).c_str(), (long long)core(i).node,
