@@ -4,7 +4,7 @@ labelled with the steps that launch it. Where `--profile` of llm_gpu.py says how
 this says whether a kernel is bound by memory, by instructions or by neither (latency).
 
     PYTHONPATH=python python3 benchmarks/kernel_profile.py [--mode prefill|decode] [--tokens 2048] [--layers 1]
-        [--model 8b|135m] [--cache-dtype bfloat16]
+        [--model 8b|8b-q8|135m] [--cache-dtype bfloat16]
 
 It starts `ncu --profile-from-start off --clock-control none` on itself (the child builds the shape with random
 weights, warms up, and brackets one step with cudaProfilerStart/Stop), then prints a row per launch in order and
@@ -89,9 +89,12 @@ def child(a):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import llm_gpu as B
 
-    c = replace(B.SHAPES[a.model], n_layers=a.layers)
+    c = replace(B.SHAPES[B.Q8_MODELS.get(a.model, a.model)], n_layers=a.layers)
     hf = B.hf_model(c, 0)
-    s, _ = B.luminal_session(c, hf, "bfloat16", a.tokens + 64, cache=a.cache_dtype)
+    if a.model in B.Q8_MODELS:
+        s, raws = B.q8_session(c, hf, a.tokens + 64, a.cache_dtype)
+    else:
+        s, _ = B.luminal_session(c, hf, "bfloat16", a.tokens + 64, cache=a.cache_dtype)
     for name, label in s.graph._runtime.schedule.kernel_ops(s.graph._g).items():
         if name:
             print(LABEL + name, label, flush=True)
@@ -121,7 +124,7 @@ def main():
     p.add_argument("--mode", default="prefill", choices=["prefill", "decode"])
     p.add_argument("--tokens", type=int, default=2048, help="prompt length (decode: the cache length before the step)")
     p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--model", default="8b", choices=["8b", "135m"])
+    p.add_argument("--model", default="8b", choices=["8b", "8b-q8", "135m"])
     p.add_argument("--cache-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()

@@ -509,17 +509,14 @@ def q8_bytes(c: LlamaConfig) -> int:
     return (c.n_layers * per_layer + c.vocab_size * c.hidden) // 32 * 34 + 2 * (2 * c.n_layers + 1) * c.hidden
 
 
-def run_q8(key, args, bw):
-    """Llama with Q8_0 projections and output head (quantised on the GPU from the random bf16 model, whose weights
-    are then replaced by their dequantisation: the torch reference computes with exactly the weights luminal
-    unpacks, in bf16): logits check, decode tok/s and GB/s on the Q8_0 bytes, prefill."""
-    c = SHAPES[Q8_MODELS[key]]
-    rng = np.random.default_rng(args.seed)
-    hf = hf_model(c, args.seed)
-    prompt = rng.integers(0, c.vocab_size, 32).tolist()
+def q8_session(c: LlamaConfig, hf, capacity: int, cache: str):
+    """A luminal Session of `hf`'s model with Q8_0 projections and output head: each 2-D weight but the embedding is
+    quantised on the GPU (q8_blocks) and becomes Dequant(raw), as a GGUF state dict does; `hf`'s weights are replaced
+    by their dequantisation, so that torch computes with exactly the weights luminal unpacks. Returns (session, the
+    packed rows, which luminal reads in place and the caller keeps alive)."""
     model = Llama(c)
     params = dict(model.named_parameters())
-    raws = []  # (kept alive: luminal reads them in place)
+    raws = []
     with torch.no_grad():
         for name, p in hf.named_parameters():
             if name not in params:
@@ -529,13 +526,24 @@ def run_q8(key, args, bw):
                 p.copy_(deq)
                 raws.append(raw)
                 t = model.graph.tensor(tuple(raw.shape), lm.uint8, name=name).set(lm.cuda.from_torch(raw, copy=False))
-                owner, attr = model._owner(name)  # the parameter becomes Dequant(raw), as a GGUF state dict does
+                owner, attr = model._owner(name)
                 setattr(owner, attr, model.graph._wrap(model.graph._g.dequant("Q8_0", t._edge(), list(p.shape))))
             else:
                 params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
+    s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=capacity, cache_dtype=cache)
+    return s, raws
+
+
+def run_q8(key, args, bw):
+    """Llama with Q8_0 projections and output head (quantised on the GPU from the random bf16 model, whose weights
+    are then replaced by their dequantisation: the torch reference computes with exactly the weights luminal
+    unpacks, in bf16): logits check, decode tok/s and GB/s on the Q8_0 bytes, prefill."""
+    c = SHAPES[Q8_MODELS[key]]
+    rng = np.random.default_rng(args.seed)
+    hf = hf_model(c, args.seed)
+    prompt = rng.integers(0, c.vocab_size, 32).tolist()
     t = time.perf_counter()
-    s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=len(prompt) + args.decode + 8,
-                cache_dtype=cache_dtype(key, args))
+    s, raws = q8_session(c, hf, len(prompt) + args.decode + 8, cache_dtype(key, args))
     compile_s = time.perf_counter() - t
     s.reset()
     got = s.step(prompt)[-1:]

@@ -276,7 +276,8 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, r
     weight float: a mixed group), o with a residual add, gate (Q8_0) and up (Q8_0, or float: one dot loop over both
     kinds) with silu(gate) * up; odd row counts (41, 7, 37: a Q8_0 unit's warps take two rows, the last one alone).
     5 rows: the same steps one by one (the tiled and warp-per-output kernels). Against float64 numpy: the group
-    computes with float32 activations and sums, so the check stays tight."""
+    computes with float32 activations and sums, so the check stays tight. Rows this few give few warps: with 4160
+    the group kernel splits K over 8 warps per row (group_split), whose sums meet in shared memory."""
     x, res = rng.data((tokens, k)).astype(np.float32), rng.data((tokens, 24)).astype(np.float32)
     g = lm.Graph()
     xt = g.tensor((tokens, k), name="x").set(x)
@@ -287,7 +288,8 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, r
     q, kk = (h @ w["q"].T).output(), (h @ w["k"].T).output()
     r = (rt + h @ w["o"].T).output()
     m = ((h @ w["g"].T).silu() * (h @ w["u"].T)).output()
-    g.compile(lm.GenericCompiler(), *backend.compilers(dtype))
+    comps = backend.compilers(dtype)
+    g.compile(lm.GenericCompiler(), *comps)
     g.execute()
     x64 = (x * np.float32(0.02)).astype(np.float64)
     floats = ("k", "u") if up == "float" else ("k",)
@@ -298,6 +300,10 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, r
         close(o.numpy(), want, backend, rng)
     if backend.name == "cuda" and tokens == 1:  # the activations' multiply, then one kernel for the rest
         assert g._runtime.rt.last_launches() == 2
+    if backend.name.startswith("cuda") and tokens == 1:
+        cuda = next(c for c in comps if isinstance(c, lm.CudaCompiler))
+        (group,) = [t for _, t in cuda.schedule.kernel_texts if "const void* __restrict__ a_" in t]
+        assert ("__shared__ float part_" in group) == (k == 4160) and ("sl_ = w_ % 8" in group) == (k == 4160)
 
 
 def test_q8_groups_off(backend, rng, monkeypatch, capfd):
@@ -415,7 +421,7 @@ int main() {{
   int err = 0;
   packed = {{&w, &w2}};
   launch(2, 1, 1, 64, [&] {{ {kinds[ids[0]]["qrows"]}(P[0].data(), &err, alone.data(), x.data(), w.data()); }});
-  launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
+  launch(3, 1, 1, 256, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
   FILE* f = std::fopen("out.bin", "wb");
   for (auto* v : {{&alone, &out0, &out1, &out2}}) std::fwrite(v->data(), 4, v->size(), f);
   std::fclose(f);

@@ -323,16 +323,19 @@ struct DotOperand {
   bool q8 = false;  // Q8_0 blocks: `off` is the packed row's first byte
 };
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act);
+                        const ActRow* act, const std::string& kb, const std::string& ke);
+// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps).
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                     const ActRow* act = nullptr) {
-  if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; })) return dot_rows_q8(as, a, oa, ws, U, act);
+                     const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K") {
+  if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; }))
+    return dot_rows_q8(as, a, oa, ws, U, act, kb, ke);
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
-  t << "    for (i64 k0 = lane * 8; k0 < K; k0 += " << 256 * U << ") {\n      float a[" << U << "][8]";
+  t << "    for (i64 k0 = " << (kb == "0" ? "" : kb + " + ") << "lane * 8; k0 < " << ke << "; k0 += " << 256 * U
+    << ") {\n      float a[" << U << "][8]";
   for (auto& w : ws) t << ", b_" << w.acc << "[" << U << "][8]";
   t << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
-    << "        if (k0 + u * 256 < K) {\n";
+    << "        if (k0 + u * 256 < " << ke << ") {\n";
   if (!act) t << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
   for (auto& w : ws)
     t << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
@@ -389,7 +392,7 @@ std::string merge_ranges(const std::string& wr, const std::string& col, const st
 }
 
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act) {
+                        const ActRow* act, const std::string& kb, const std::string& ke) {
   Text t;
   for (auto& w : ws) {
     t << "    float " << w.acc << " = 0.0f;\n";
@@ -409,7 +412,7 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     for (auto& w : ws)
       if (w.q8) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
-    if (checked) s << "        if (k0 + u * 256 < K) {\n";
+    if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
     if (!act) s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
     for (auto& w : ws) {
       if (w.q8)
@@ -447,8 +450,8 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     s << "      }\n";
     return s.str();
   };
-  t << "    i64 k_ = 0;\n    for (; k_ + " << 256 * U << " <= K; k_ += " << 256 * U << ") {\n" << step(false) << "    }\n"
-    << "    if (k_ < K) {\n" << step(true) << "    }\n";
+  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 256 * U << " <= " << ke << "; k_ += " << 256 * U << ") {\n"
+    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
   for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
   return t.str();
 }
@@ -533,6 +536,11 @@ std::optional<SoftmaxForm> softmax_form(const Program& pr) {
   return std::nullopt;
 }
 
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : fallback;
+}
+
 class Generator {
  public:
   Generator(const Graph& g, DType compute, bool host_fallback)
@@ -547,6 +555,7 @@ class Generator {
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
+  int last_split_ = 1;            // and its warps per row (group_split)
   // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
   // no faster, and its unrolled bodies doubled NVRTC's time over the test suite's kernels); LUMINAL_CUDA_ELEMENTS=1|2|4
   // to compare.
@@ -642,6 +651,9 @@ class Generator {
   std::string batch_kernel(const Group& G);
   template <class Members, class Epilogue>
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of, long prologue = -1);
+  bool paired(const std::vector<size_t>& ms) const;
+  template <class Members>
+  int group_split(size_t nunits, const Members& members_of, long prologue) const;
   ActRow group_prologue(size_t step);
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
@@ -2649,6 +2661,41 @@ ActRow Generator::group_prologue(size_t step) {
   return a;
 }
 
+// Q8_0 members (one activation row when the group runs, see applies()): a warp computes two rows of each, rows r and
+// rq, sharing the activation loads (which outnumber the packed weights' bytes 4 to 1)
+bool Generator::paired(const std::vector<size_t>& ms) const {
+  return q8_pairs_ && ms.size() <= 2 && std::all_of(ms.begin(), ms.end(), [&](size_t m) {
+    return op_as<QMatMulOp>(g_.node(mod_.sched.steps[m].node)) != nullptr;
+  });
+}
+
+// Warps per row of a MatVec group's kernel: 1, or K split over 2, 4 or 8 warps while the group's rows give fewer
+// than LUMINAL_CUDA_SPLIT_WARPS warps (4096; 0: never split), so that products of few rows still keep enough loads
+// in flight: the 8B's Q8_0 o, down and q/k/v units (warps of two rows: 2048-3072 warps) split in 2, its bf16
+// products (4096 rows and more) do not. (With more splits, 8192 or 16384 warps, both decoded slower on an H200.)
+// Each part keeps at least two steps of 256 elements. Not with a prologue (its row sums need whole rows) or an
+// unknown K.
+template <class Members>
+int Generator::group_split(size_t nunits, const Members& members_of, long prologue) const {
+  const int target = env_int("LUMINAL_CUDA_SPLIT_WARPS", 4096);
+  if (prologue >= 0 || target <= 0) return 1;
+  int64_t warps = 0, K = 0;
+  for (size_t u = 0; u < nunits; ++u) {
+    std::vector<size_t> ms = members_of(u);
+    const Node& n = g_.node(mod_.sched.steps[ms[0]].node);
+    const Expr& k = n.inputs[0].view.shape.back();
+    if (!k.is_const()) return 1;
+    K = k.as_const();
+    int64_t rows = 1;  // (a symbolic dimension, the tokens of a step, counted as 1)
+    for (const Expr& d : n.shape)
+      if (d.is_const()) rows *= d.as_const();
+    warps += paired(ms) ? (rows + 1) / 2 : rows;
+  }
+  int split = 1;
+  while (split < 8 && warps * split < target && K >= 2 * 256 * 2 * split) split *= 2;
+  return split;
+}
+
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of,
                                     long prologue) {
@@ -2671,6 +2718,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   Text body, pre;  // pre: the weight rows of a warp's first row, prefetched (see below)
   ActRow pro;
   if (prologue >= 0) pro = group_prologue(size_t(prologue));
+  int split = group_split(nunits, members_of, prologue);
+  int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
+  Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
     std::vector<size_t> ms = members_of(u);
     long f = epilogue_of(u);
@@ -2679,9 +2729,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       sig << ", const i64* __restrict__ P" << nm << ", void* __restrict__ O" << nm << ", const void* __restrict__ W" << nm;
     // Q8_0 members (one activation row when the group runs, see applies()): a warp computes two rows of each, rows
     // r and rq, sharing the activation loads (which outnumber the packed weights' bytes 4 to 1)
-    bool pair = q8_pairs_ && ms.size() <= 2 && std::all_of(ms.begin(), ms.end(), [&](size_t m) {
-      return op_as<QMatMulOp>(g_.node(cs[m].node)) != nullptr;
-    });
+    bool pair = paired(ms);
     pairs.push_back(pair);
     rows.push_back(pair ? "(P" + std::to_string(m0) + "[1] + 1) / 2" : "P" + std::to_string(m0) + "[1]");
     const Step& s0 = steps[ms[0]];
@@ -2692,15 +2740,26 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
     body << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
     if (pair) body << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
-    pre << (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
-    if (pair) pre << "    i64 rq = min(2 * r + 1, P" << m0 << "[1] - 1);\n    r *= 2;\n";
+    std::string head = (u == 0 ? "    if (r < n0) {\n" : "    } else if ((r -= n" + std::to_string(u - 1) + ") < n" + std::to_string(u) + ") {\n");
+    if (pair) head += "    i64 rq = min(2 * r + 1, P" + std::to_string(m0) + "[1] - 1);\n    r *= 2;\n";
+    pre << head;
+    body2 << head;
+    // A split kernel's warp sums the part [kb_, ke_) of its rows, a multiple of 256 U long (the last one shorter)
+    std::string part = "    i64 kc_ = (K + " + std::to_string(256 * U * split - 1) + ") / " + std::to_string(256 * U * split) +
+                       " * " + std::to_string(256 * U) + ", kb_ = min(K, sl_ * kc_), ke_ = min(K, kb_ + kc_);\n";
     for (int j = 0; j < c; ++j) {
       // (Float members are not prefetched: with their rows prefetched too the H100's 8B decode ran slower.)
       if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) continue;
-      for (int half = 0; half < (pair ? 2 : 1); ++half)
+      for (int half = 0; half < (pair ? 2 : 1); ++half) {
         pre << "    { const i64* p = P" << m0 + j << ";" << (half ? " i64 r = rq;\n" : "\n")
-            << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r") << "    prefetch_l2(W" << m0 + j << ", "
-            << ViewText{steps[ms[size_t(j)]].views[1]}.offset({"i" + std::to_string(R - 2), "0"}) << ", p[2] / 32 * 34, lane); }\n";
+            << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
+        std::string off = ViewText{steps[ms[size_t(j)]].views[1]}.offset({"i" + std::to_string(R - 2), "0"});
+        if (split > 1)
+          pre << "    i64 K = p[2];\n" << part << "    prefetch_l2(W" << m0 + j << ", " << off
+              << " + kb_ / 32 * 34, (ke_ - kb_) / 32 * 34, lane); }\n";
+        else
+          pre << "    prefetch_l2(W" << m0 + j << ", " << off << ", p[2] / 32 * 34, lane); }\n";
+      }
     }
     body << "    i64 oa = 0";
     for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0" << (pair ? ", ob" + std::to_string(m0 + j) + "_1 = 0" : "");
@@ -2725,17 +2784,31 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
                     "acc" + std::to_string(m0 + j) + "_1", true});
     // (with a prologue, the activations computed in the loop, then the products scaled by the row's scalar)
-    body << "    i64 K = P" << m0 << "[2];\n" << pro.init << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr)
-         << pro.finish;
+    body << "    i64 K = P" << m0 << "[2];\n" << pro.init;
+    if (split > 1) {
+      // each warp's sums into the block's table; the row's first warp adds them up in the second pass
+      body << part << dot_rows(as, "a_", "oa", ws, U, nullptr, "kb_", "ke_") << "    if (lane == 0) {\n";
+      for (int q = 0; q < int(ws.size()); ++q) {
+        body << "      part_[w_][" << q << "] = " << ws[size_t(q)].acc << ";\n";
+        body2 << "    float " << ws[size_t(q)].acc << " = part_[w_][" << q << "]";
+        for (int z = 1; z < split; ++z) body2 << " + part_[w_ + " << z << "][" << q << "]";
+        body2 << ";\n";
+      }
+      body << "    }\n";
+      nacc = std::max(nacc, int(ws.size()));
+    } else {
+      body << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr) << pro.finish;
+    }
     if (prologue >= 0)
       for (auto& w : ws) body << "    " << w.acc << " *= scale_;\n";
-    body << "    if (lane == 0) {\n";
+    Text& fin = split > 1 ? body2 : body;  // the outputs' stores (and epilogue)
+    fin << "    if (lane == 0) {\n";
     if (f < 0) {
       for (int j = 0; j < c; ++j)
-        body << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
+        fin << "    st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j << ", r, acc" << m0 + j
              << ");\n";
       for (int j = 0; pair && j < c; ++j)
-        body << "    if (rq != r) st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j
+        fin << "    if (rq != r) st_" << dtype_name(g_.node(cs[ms[size_t(j)]].node).dtype) << "(O" << m0 + j
              << ", rq, acc" << m0 + j << "_1);\n";
     } else {
       const Step& fs = steps[size_t(f)];
@@ -2744,40 +2817,55 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       esig << ", const i64* __restrict__ " << e << ", void* __restrict__ " << e << "o";
       for (size_t q = 0; q < fn.inputs.size(); ++q) esig << ", const void* __restrict__ " << e << "i" << int(q);
       for (int half = 0; half < (pair ? 2 : 1); ++half) {  // (a pair's second row: rq, its accumulators acc<j>_1)
-        body << (half ? "    if (rq != r) { i64 r = rq; const i64* p = " : "    { const i64* p = ") << e << "; void* out = "
+        fin << (half ? "    if (rq != r) { i64 r = rq; const i64* p = " : "    { const i64* p = ") << e << "; void* out = "
              << e << "o;\n";
         std::map<int, std::string> given;
         for (size_t q = 0; q < fn.inputs.size(); ++q) {
-          body << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
+          fin << "    const void* in" << int(q) << " = " << e << "i" << int(q) << ";\n";
           for (int j = 0; j < c; ++j)
             if (fn.inputs[q].node == cs[ms[size_t(j)]].node) given[int(q)] = "acc" + std::to_string(m0 + j) + (half ? "_1" : "");
         }
         const Program& prog = *cs[size_t(f)].program;
         bool dbl = double_registers(prog, fn);
         int RF = fs.views.empty() ? 0 : fs.views[0].rank;
-        body << unravel(fs.views[0], 0, RF, "r")
+        fin << unravel(fs.views[0], 0, RF, "r")
              << program_body(prog, fs, fn, dbl ? "double" : "float", dbl, names("i", 0, RF),
                              std::vector<char>(prog.code.size(), 1), size_t(-1), given)
              << "    st_" << dtype_name(fn.dtype) << "(out, r, r" << int(prog.code.size() - 1) << "); }\n";
       }
     }
-    body << "    }\n";
+    fin << "    }\n";
   }
   k << sig.str() << esig.str() << pro.sig << ") {\n";
   // Before waiting for the kernels before (pdl_start, which then goes here): the weight rows (packed rows) of the
   // warp's first row prefetched into L2, so that their loads start during the tail of the kernel before (weights
   // depend on no kernel, and L2 is coherent anyway; the parameter block is written before the run). (No return
   // before it: the kernel after this one waits for this one only.)
+  std::string per = "((i64)(blockDim.x >> 5) / " + std::to_string(split) + ")";  // a block's rows at a time
   k << "  {\n  int lane = threadIdx.x & 31;\n";
+  if (split > 1) k << "  int w_ = threadIdx.x >> 5, sl_ = w_ % " << split << ";\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
-  k << "  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n" << pre.str() << "    }\n  }\n  pdl_start();\n";
+  k << (split > 1 ? "  i64 r = blockIdx.x * " + per + " + w_ / " + std::to_string(split) + ";\n"
+                  : std::string("  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"))
+    << pre.str() << "    }\n  }\n  pdl_start();\n";
   k << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
-  k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
-    << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
+  if (split > 1) {
+    // `split` consecutive warps per row, each over a part of K; their sums meet in shared memory. The loop is the
+    // same for the whole block (its barriers).
+    k << ";\n  int w_ = threadIdx.x >> 5, sl_ = w_ % " << split << ";\n  __shared__ float part_[8][" << nacc << "];\n"
+      << "  for (i64 base_ = blockIdx.x * " << per << "; base_ < total; base_ += gridDim.x * " << per << ") {\n"
+      << "    i64 row = base_ + w_ / " << split << ";\n    if (row < total) {\n    i64 r = row;\n" << body.str()
+      << "    }\n    }\n    __syncthreads();\n    if (row < total && sl_ == 0) {\n    i64 r = row;\n" << body2.str()
+      << "    }\n    }\n    __syncthreads();\n  }\n}\n";
+  } else {
+    k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
+      << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
+  }
   last_pairs_ = pairs;
+  last_split_ = split;
   return add_kernel(k.str());
 }
 
@@ -2863,6 +2951,8 @@ Module Generator::run() {
                                           G.prologue));
     mod_.group_pairs.resize(mod_.group_fns.size());
     mod_.group_pairs.back() = last_pairs_;
+    mod_.group_split.resize(mod_.group_fns.size(), 1);
+    mod_.group_split.back() = last_split_;
   }
   mod_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(mod_);

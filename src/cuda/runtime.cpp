@@ -1276,6 +1276,7 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     int64_t n = L_.items[G.members[G.units[k]]];
     rows += k < s_.group_pairs[g].size() && s_.group_pairs[g][k] ? (n + 1) / 2 : n;
   }
+  rows *= s_.group_split[g];  // (warps: the kernel's `split` warps per row)
   if (G.prologue >= 0) {  // the prologue's parameter slice and inputs (its rows are computed in the dot loops)
     size_t pro = size_t(G.prologue);
     args.push_back(slot(pro));
