@@ -18,7 +18,7 @@ import torch
 
 import cuda_host
 import luminal as lm
-from helpers import NVRTC_CHECK, Backend, check, needs_cuda, needs_nvrtc, tiny_llama_sessions
+from helpers import NVRTC_CHECK, Backend, check, needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
 
 
 def _linear(x, w):
@@ -296,6 +296,8 @@ def test_copy_kernels_compile():
     for arch in (80, 90):
         for f, t in COPY_PAIRS:
             lm.cuda.compile_source(lm._core.cuda_prelude() + lm._core.cublas_copy_source(f, t), arch)
+        for t in ("bfloat16", "float16"):
+            lm.cuda.compile_source(lm._core.cuda_prelude() + lm._core.cublas_q8_source(t), arch)
 
 
 COPY_CASES = [  # (shape [rows..., K], strides, offset in elements, from, vec expected)
@@ -381,6 +383,55 @@ def test_copy_kernels_on_the_host(case, tmp_path, copy_program):
         got = np.fromfile(tmp_path / "out.bin", np.int16)
         want = view.float().to(td[to]).contiguous().view(torch.int16).numpy().ravel()
         np.testing.assert_array_equal(got, want, err_msg=f"{shape} {strides} +{offset} {src} -> {to}")
+
+
+_Q8_MAIN = r"""
+int main(int argc, char** argv) {
+  i64 h[5];  // rows, K, ld (bytes), in bytes, offset bytes
+  FILE* f = std::fopen(argv[1], "rb");
+  std::fread(h, 8, 5, f);
+  std::vector<char> raw(size_t(h[3]) + 64);
+  char* in = raw.data() + (16 - uintptr_t(raw.data()) % 16) % 16;
+  std::fread(in, 1, size_t(h[3]), f);
+  std::fclose(f);
+  std::vector<uint4> out(size_t(h[0] * h[1]) / 8 + 1);
+  gridDim = {3, 1, 1};  // (fewer threads than blocks: the grid-stride loop takes several turns)
+  blockDim = {32, 1, 1};
+  for (unsigned x = 0; x < gridDim.x; ++x)
+    for (unsigned t = 0; t < 32; ++t) {
+      blockIdx = {x, 0, 0};
+      threadIdx = {t, 0, 0};
+      q8_rows(h[0], h[1], h[2], in + h[4], out.data());
+    }
+  f = std::fopen(argv[2], "wb");
+  std::fwrite(out.data(), 2, size_t(h[0] * h[1]), f);
+  std::fclose(f);
+}
+"""
+
+
+@pytest.mark.parametrize("rows,k,pad,offset", [(5, 64, 0, 0), (3, 96, 2, 2), (40, 32, 6, 4)])
+def test_q8_dequant_kernel_on_the_host(rows, k, pad, offset, rng, tmp_path):
+    """q8_rows (cuBLASLt's operand for Q8_0 weights in prefill) compiled for the host: every row's blocks dequantised
+    exactly as torch rounds scale * quant to bf16 / f16, rows 2-byte aligned with padding between them and a start
+    past the buffer's first byte."""
+    if not cuda_host.compiler():
+        pytest.skip("needs a host C++ compiler")
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", rows, k)
+    ld = raw.shape[1] + pad
+    buf = np.zeros((offset + rows * ld,), np.uint8)
+    for r in range(rows):
+        buf[offset + r * ld: offset + r * ld + raw.shape[1]] = raw[r]
+    blob = buf.tobytes()
+    for to, tdt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        d = tmp_path / to
+        d.mkdir()
+        exe = cuda_host.build(lm._core.cublas_q8_source(to) + _Q8_MAIN, d)
+        (d / "in.bin").write_bytes(np.array([rows, k, ld, len(blob), offset], np.int64).tobytes() + blob)
+        subprocess.run([str(exe), str(d / "in.bin"), str(d / "out.bin")], check=True)
+        got = np.fromfile(d / "out.bin", np.int16)
+        want = torch.from_numpy(vals.astype(np.float32)).to(tdt).view(torch.int16).numpy().ravel()
+        np.testing.assert_array_equal(got, want, err_msg=f"{rows}x{k} -> {to}")
 
 
 def test_gemm_shared_operand_copy(gemm, rng):

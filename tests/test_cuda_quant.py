@@ -25,6 +25,14 @@ def backend(cuda_backend):
     return cuda_backend
 
 
+@pytest.fixture(autouse=True)
+def own_gemm(monkeypatch):
+    """Prefill's Q8_0 products on our tensor-core kernel (exact quants, float32 block scales), which these tests
+    check exactly; timing may pick cuBLASLt over the weights' dequantisation instead (rounded to the compute
+    dtype), checked by test_q8_prefill_through_cublas."""
+    monkeypatch.setenv("LUMINAL_CUDA_GEMM", "own")
+
+
 def kernel_of(qtype: str, rows: int, dtype: str) -> str:
     """The variant the runtime picks for a QMatMul over `rows` aligned rows of activations (see Runtime::applies)."""
     if qtype != "Q8_0":
@@ -521,3 +529,35 @@ def test_q8_group_as_rows_change(backend, rng, monkeypatch, capfd):
         for n, o in outs.items():
             want = expected_dp4a(x, raws[n], k) if rows == 3 else x.astype(np.float64) @ v[n].T
             close(o.numpy(), want, backend, rng)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("mode", ["cublas", "tuned"])
+def test_q8_prefill_through_cublas(backend, dtype, mode, rng, monkeypatch, capfd):
+    """Many rows over one Q8_0 weight: cuBLASLt over the weights dequantised into its workspace (q8_rows: scale *
+    quant rounded to the compute dtype, as torch's product with a dequantised 16-bit weight), the activations rounded
+    the same way; 70 rows, 37 columns, 130 blocks, weight rows not 4-byte aligned (a 2-byte offset into the buffer).
+    Timed against the tensor-core kernel ("tuned"), either may run: its check is the looser of the two."""
+    if backend.name == "cuda" and not lm.cuda.cublas_available()[0]:
+        pytest.skip(lm.cuda.cublas_available()[1].splitlines()[0])
+    if mode == "cublas":
+        monkeypatch.setenv("LUMINAL_CUDA_GEMM", "cublas")
+    else:
+        monkeypatch.delenv("LUMINAL_CUDA_GEMM")
+    n, k, rows = 37, 4160, 70
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    buf = np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
+    g = lm.Graph()
+    t = g.tensor(buf.shape, lm.uint8, name="w").set(buf)
+    w = g._wrap(g._g.dequant("Q8_0", t[:, 2:]._edge(), [n, k]))
+    x = rng.data((rows, k)).astype(np.float32)
+    xt = g.tensor((rows, k), name="x").set(x)
+    y = ((xt * 1.5) @ w.T).output()
+    g.compile(lm.GenericCompiler(), *backend.compilers(dtype))
+    run_checked(g, backend, monkeypatch, capfd, ["cublas"] if mode == "cublas" else [])
+    xs = as_dtype(x * np.float32(1.5), dtype).astype(np.float64)
+    want = xs @ as_dtype(vals.astype(np.float32), dtype).astype(np.float64).T
+    if backend.name == "cuda" and mode == "cublas":
+        np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
+    else:  # (cuda-nvrtc: the CPU kernels; tuned: either kernel)
+        np.testing.assert_allclose(y.numpy(), want, rtol=0, atol=1e-2 * np.abs(want).max(), err_msg=repr(rng))

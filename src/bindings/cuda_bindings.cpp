@@ -66,6 +66,8 @@ void bind_cuda(py::module_& m) {
   m.def("cublas_copy_source", [](const std::string& from, const std::string& to) {
     return blas_copy_source(dtype_from_name(from), dtype_from_name(to));
   }, "The kernels copying a cuBLASLt operand into its workspace (NVRTC source without the prelude; tests).");
+  m.def("cublas_q8_source", [](const std::string& to) { return blas_q8_source(dtype_from_name(to)); },
+        "The kernel dequantising Q8_0 weight rows into cuBLASLt's workspace (NVRTC source without the prelude; tests).");
   m.def("cublas_copy_layout", [](const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
                                  uint64_t in_addr, const std::string& from, int sms) {
     BlasCopy c = blas_copy_layout(shape, strides, in_addr, dtype_from_name(from), sms);

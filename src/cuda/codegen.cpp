@@ -1662,6 +1662,9 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
     st.prep_fn = q8_quantize(st, n);  // (QDot's first kernel)
     st.variants.push_back({Variant::QDot, q8_dp4a(st, n, S)});
     st.variants.push_back({Variant::QMatVec, q8_matvec(st, n, S)});
+    // Many rows (prefill): cuBLASLt over the weights' dequantisation (one weight; the runtime's blas_plan_q8), timed
+    // against our tensor-core kernel
+    if ((compute_ == DType::BF16 || compute_ == DType::F16) && m == 1) st.variants.push_back({Variant::Blas, ""});
     if (compute_ == DType::BF16 || compute_ == DType::F16) st.variants.push_back({Variant::QGemm, q8_mma(st, n, S)});
   }
   Text k;

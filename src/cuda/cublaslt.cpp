@@ -224,8 +224,48 @@ std::string copy_source(DType from, DType to) {
          "(in, o + k));\n"
          "  }\n#endif\n}\n";
 }
+// Q8_0 rows (34-byte blocks: an f16 scale, then 32 int8 quants; rows `ld` bytes apart, 2-byte aligned) dequantised
+// into contiguous rows of K values in a 16-bit dtype: a thread per block, its values scale * quant rounded once, as
+// they are stored (16-byte stores).
+std::string q8_source(DType to) {
+  std::string t = dtype_name(to);
+  return "extern \"C\" __global__ void q8_rows(i64 rows, i64 K, i64 ld, const void* in, void* out) {\n"
+         "  i64 nb = K / 32;\n"
+         "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < rows * nb; i += (i64)gridDim.x * blockDim.x) {\n"
+         "    i64 row = i / nb, b = i - row * nb;\n"
+         "    const u16* q = (const u16*)((const u8*)in + row * ld + b * 34);\n"
+         "    float d = f16_f32(q[0]);\n"
+         "    uint4* o = (uint4*)((u16*)out + row * K + b * 32);\n"
+         "#pragma unroll\n"
+         "    for (int j = 0; j < 4; ++j) {\n"
+         "      float x[8];\n"
+         "#pragma unroll\n"
+         "      for (int e = 0; e < 4; ++e) {\n"
+         "        u16 w = q[1 + 4 * j + e];\n"
+         "        x[2 * e] = d * (float)(signed char)(w & 255);\n"
+         "        x[2 * e + 1] = d * (float)(signed char)(w >> 8);\n"
+         "      }\n"
+         "      uint4 u;\n"
+         "      u.x = pack_" + t + "(x[0], x[1]); u.y = pack_" + t + "(x[2], x[3]);\n"
+         "      u.z = pack_" + t + "(x[4], x[5]); u.w = pack_" + t + "(x[6], x[7]);\n"
+         "      o[j] = u;\n"
+         "    }\n  }\n}\n";
+}
 std::mutex copy_mu;
 std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> copy_loaded;
+std::map<int, CUfunction> q8_loaded;
+CUfunction q8_fn(DType to) {
+  std::lock_guard<std::mutex> l(copy_mu);
+  auto it = q8_loaded.find(int(to));
+  if (it != q8_loaded.end()) return it->second;
+  const Device& dev = device();
+  std::string cubin = compile_cubin(std::string(prelude()) + q8_source(to), dev.major * 10 + dev.minor);
+  CUmodule mod;
+  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", "q8_rows");
+  CUfunction f;
+  check(driver().cuModuleGetFunction(&f, mod, "q8_rows"), "cuModuleGetFunction", "q8_rows");
+  return q8_loaded[int(to)] = f;
+}
 std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
   std::mutex& m = copy_mu;
   auto& fns = copy_loaded;
@@ -245,6 +285,14 @@ std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
 
 void copy_side(const BlasGemm::Side& s, DType to, CUdeviceptr in, CUdeviceptr out, CUstream stream) {
   in += CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));  // (the kernel's offsets then start at 0)
+  if (s.q8_ld > 0) {
+    int64_t rows = s.shape[0], K = s.shape[1], ld = s.q8_ld;
+    int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows * (K / 32) + 255) / 256, int64_t(device().sms) * 32));
+    void* args[] = {&rows, &K, &ld, &in, &out};
+    check(driver().cuLaunchKernel(q8_fn(to), unsigned(blocks), 1, 1, 256, 1, 1, 0, stream, args, nullptr),
+          "cuLaunchKernel", "q8_rows");
+    return;
+  }
   BlasCopy c = blas_copy_layout(s.shape, s.strides, in, s.dtype, device().sms);
   if (device().major < 8) {  // (copy_rows8 does nothing there)
     c.vec = false;
@@ -450,6 +498,7 @@ BlasCopy blas_copy_layout(const std::vector<int64_t>& shape, const std::vector<i
 }
 
 std::string blas_copy_source(DType from, DType to) { return copy_source(from, to); }
+std::string blas_q8_source(DType to) { return q8_source(to); }
 
 bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs, DType out, DType compute,
                BlasGemm* g) {
@@ -499,13 +548,41 @@ bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs,
   return true;
 }
 
+bool blas_plan_q8(const ConcreteView& a, const ConcreteView& w, int64_t N, int64_t K, DType as, DType out,
+                  DType compute, BlasGemm* g) {
+  // The left operand as blas_plan takes it, against a stand-in right view of the weights' dequantisation (a
+  // contiguous [N, K] shared by every batch and row), then the right side made the Q8_0 copy.
+  size_t r = a.shape.size();
+  if (w.shape.size() != 2 || w.masked || K % 32 || w.shape[0] != N || w.shape[1] != K / 32 * 34 || w.strides[1] != 1 ||
+      w.offset % 2 || w.strides[0] % 2 || r < 3 || a.shape[r - 2] != N || a.shape[r - 1] != K)
+    return false;
+  ConcreteView b = a;
+  for (size_t d = 0; d < r; ++d) b.strides[d] = 0;
+  b.strides[r - 2] = K, b.strides[r - 1] = 1, b.offset = 0;
+  b.lo.clear(), b.hi.clear(), b.masked = false;
+  if (!blas_plan(a, b, as, compute, out, compute, g)) return false;
+  BlasGemm::Side& s = g->b;
+  s.dtype = DType::U8;
+  s.offset = w.offset;
+  s.q8_ld = w.strides[0];
+  s.shape = {N, K};
+  s.strides = {K, 1};
+  // (blas_plan read the stand-in in place: the copy goes after the left side's, if any)
+  size_t at = g->ws_bytes - kLtWorkspace;
+  s.copy = true;
+  s.ws_offset = at;
+  g->ws_bytes = at + (size_t(N * K) * dtype_size(compute) + 255) / 256 * 256 + kLtWorkspace;
+  return true;
+}
+
 bool blas_ready(const BlasGemm& g, CUdeviceptr a, CUdeviceptr b, CUdeviceptr out, CUdeviceptr ws, CUdeviceptr c,
                 CUdeviceptr scratch) {
   if (!library()) return false;
   {
     std::lock_guard<std::mutex> l(copy_mu);
     for (const BlasGemm::Side* s : {&g.a, &g.b})
-      if (s->copy && !copy_loaded.count({int(s->dtype), int(g.compute)})) return false;
+      if (s->copy && !(s->q8_ld > 0 ? q8_loaded.count(int(g.compute)) : copy_loaded.count({int(s->dtype), int(g.compute)})))
+        return false;
   }
   unsigned align_d = out_alignment(out, c, c ? scratch : out);
   std::vector<int64_t> key = prepare_key(g, operand_ptr(g.a, a, ws), operand_ptr(g.b, b, ws), align_d);

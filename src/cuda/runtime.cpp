@@ -120,7 +120,9 @@ char gemm_forced() {
 
 // The GEMM variants, timed against each other when several apply (each is a launch with no side effect but its
 // output: see Runtime::choose).
-bool timed(Variant::Kind k) { return k == Variant::Gemm128 || k == Variant::Gemm64 || k == Variant::Blas; }
+bool timed(Variant::Kind k) {
+  return k == Variant::Gemm128 || k == Variant::Gemm64 || k == Variant::Blas || k == Variant::QGemm;
+}
 
 // Fences are reused (an event and a page-locked error word each): a decode step makes one, and creating events or
 // page-locked memory per run would cost more than the rest of the run's host work.
@@ -549,6 +551,11 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       const ConcreteView& a = cv[0];
       size_t r = a.shape.size();
       const Node& n = g_.node(core(i).node);
+      if (op_as<QMatMulOp>(n)) {  // (Q8_0 weights: cuBLASLt over their dequantisation, see blas_plan_q8)
+        int64_t N = p[3], K = p[2];
+        if (out_n == 0 || N == 0 || out_n / N < gemm_min_rows() || gemm_forced() == 'o') return false;
+        return blas_plan_q8(a, cv[1], N, K, s_.storage()[size_t(n.inputs[0].node)], n.dtype, s_.compute, &L_.blas[i]);
+      }
       if (out_n == 0 || r < 3 || weight_rows(a, cv[1]) < gemm_min_rows() || gemm_forced() == 'o') return false;
       return blas_plan(a, cv[1], s_.storage()[size_t(n.inputs[0].node)], s_.storage()[size_t(n.inputs[1].node)],
                        n.dtype, s_.compute, &L_.blas[i]);
@@ -906,7 +913,8 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     return;
   }
   if (v.kind != Variant::Blas) {
-    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), 256, unsigned(v.smem));
+    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::QGemm ? 128 : 256,
+           unsigned(v.smem));
     return;
   }
   const Driver& dr = driver();
