@@ -2730,8 +2730,6 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     int m0 = nm;
     for (size_t j = 0; j < ms.size(); ++j, ++nm)
       sig << ", const i64* __restrict__ P" << nm << ", void* __restrict__ O" << nm << ", const void* __restrict__ W" << nm;
-    // Q8_0 members (one activation row when the group runs, see applies()): a warp computes two rows of each, rows
-    // r and rq, sharing the activation loads (which outnumber the packed weights' bytes 4 to 1)
     bool pair = paired(ms);
     pairs.push_back(pair);
     rows.push_back(pair ? "(P" + std::to_string(m0) + "[1] + 1) / 2" : "P" + std::to_string(m0) + "[1]");

@@ -560,7 +560,7 @@ bool blas_plan_q8(const ConcreteView& a, const ConcreteView& w, int64_t N, int64
   for (size_t d = 0; d < r; ++d) b.strides[d] = 0;
   b.strides[r - 2] = K, b.strides[r - 1] = 1, b.offset = 0;
   b.lo.clear(), b.hi.clear(), b.masked = false;
-  if (!blas_plan(a, b, as, compute, out, compute, g)) return false;
+  if (!blas_plan(a, b, as, compute, out, compute, g) || device().major < 8) return false;  // (q8_rows: sm_80 packs)
   BlasGemm::Side& s = g->b;
   s.dtype = DType::U8;
   s.offset = w.offset;
