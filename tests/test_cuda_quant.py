@@ -279,25 +279,20 @@ def q8_layers(g, rng, specs, raws=None):
 @pytest.mark.parametrize("tokens,dtype,up", [(1, "float32", "q8"), (1, "float32", "float"), (1, "bfloat16", "q8"),
                                              (5, "float32", "q8")])
 @pytest.mark.parametrize("k", [192, 4160])  # 6 and 130 blocks (multiples of 32, not of 256: a partial last step)
-@pytest.mark.parametrize("dp4a", [False, True])
-def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, dp4a, rng, monkeypatch):
+def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, rng):
     """Q8_0 products of one activation row join the matrix-vector group (one kernel for all of them): q and k (k's
     weight float: a mixed group), o with a residual add, gate (Q8_0) and up (Q8_0, or float: one dot loop over both
     kinds) with silu(gate) * up; odd row counts (41, 7, 37: a Q8_0 unit's warps take two rows, the last one alone).
     5 rows: the same steps one by one (the tiled and warp-per-output kernels). Against float64 numpy: the group
     computes with float32 activations and sums, so the check stays tight. Rows this few give few warps: with 4160
-    the group kernel splits K over 8 warps per row (group_split), whose sums meet in shared memory. `dp4a`
-    (LUMINAL_CUDA_Q8_GROUP_DP4A=1): the group's Q8_0 members by __dp4a over the activations quantised by a kernel
-    before it, checked against expected_dp4a."""
-    monkeypatch.setenv("LUMINAL_CUDA_Q8_GROUP_DP4A", "1" if dp4a else "0")
+    the group kernel splits K over 8 warps per row (group_split), whose sums meet in shared memory."""
     x, res = rng.data((tokens, k)).astype(np.float32), rng.data((tokens, 24)).astype(np.float32)
     g = lm.Graph()
     xt = g.tensor((tokens, k), name="x").set(x)
     rt = g.tensor((tokens, 24), name="res").set(res)
     h = xt * 0.02  # (an activation computed on the device: stored float32; products of a few units)
-    raws = {}
     w, v = q8_layers(g, rng, [("q", 41, k, "q8"), ("k", 7, k, "float"), ("o", 24, k, "q8"), ("g", 37, k, "q8"),
-                              ("u", 37, k, up)], raws)
+                              ("u", 37, k, up)], {})
     q, kk = (h @ w["q"].T).output(), (h @ w["k"].T).output()
     r = (rt + h @ w["o"].T).output()
     m = ((h @ w["g"].T).silu() * (h @ w["u"].T)).output()
@@ -308,13 +303,11 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, d
     floats = ("k", "u") if up == "float" else ("k",)
     v = {n: as_dtype(a, dtype).astype(np.float64) if n in floats else a for n, a in v.items()}  # (stored in dtype)
     p = {n: x64 @ a.T for n, a in v.items()}
-    if dp4a and tokens == 1:
-        p.update({n: expected_dp4a(x * np.float32(0.02), raw, k) for n, raw in raws.items()})
     wants = [p["q"], p["k"], res + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]]
     for o, want in zip((q, kk, r, m), wants):
         close(o.numpy(), want, backend, rng)
-    if backend.name == "cuda" and tokens == 1:  # the activations' multiply, (their quantising,) then one kernel
-        assert g._runtime.rt.last_launches() == (3 if dp4a else 2)
+    if backend.name == "cuda" and tokens == 1:  # the activations' multiply, then one kernel for the rest
+        assert g._runtime.rt.last_launches() == 2
     if backend.name.startswith("cuda") and tokens == 1:
         cuda = next(c for c in comps if isinstance(c, lm.CudaCompiler))
         (group,) = [t for _, t in cuda.schedule.kernel_texts if "const void* __restrict__ a_" in t]
@@ -392,18 +385,14 @@ def slice_of(g, nid, rows, n, k, sizes, q8):
     return p + ([0, n] if q8 else [])
 
 
-@pytest.mark.parametrize("dp4a", [False, True])
 @pytest.mark.parametrize("n,k,layout", [(42, 160, "packed"), (10, 1088, "offset"), (4, 32, "packed"), (7, 2112, "packed")])
-def test_qrows_kernels_on_the_host(n, k, layout, dp4a, rng, tmp_path, monkeypatch):
+def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
     """The qrows kernel alone and a group of Q8_0, float and Q8_0 members run on the host (cuda_host.py), against
     float64 numpy, every weight word's load checked against its buffer: 5 blocks (lanes 20-31 idle; 170-byte rows,
     every other one 2-byte aligned), 34 (a partial step: rows read 2 bytes into a wider buffer), 1, and 66 (two
-    whole steps of 32 blocks, then a partial one); odd row counts; grids smaller than the work. `dp4a`
-    (LUMINAL_CUDA_Q8_GROUP_DP4A=1): the group's Q8_0 members over the activations quantised first by q8_quantize
-    (run before it, as the runtime does), against expected_dp4a."""
+    whole steps of 32 blocks, then a partial one); odd row counts; grids smaller than the work."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    monkeypatch.setenv("LUMINAL_CUDA_Q8_GROUP_DP4A", "1" if dp4a else "0")
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     n2 = n + 1 if k // 32 % 2 == 0 else n + 2  # (rows of whole 4-byte words, as the runtime requires)
     raw2, vals2 = random_quant_blocks(rng.gen, "Q8_0", n2, k)
@@ -432,34 +421,28 @@ def test_qrows_kernels_on_the_host(n, k, layout, dp4a, rng, tmp_path, monkeypatc
     order = [ids.index(m) for m in members]  # (the group kernel's argument order)
     arrays = ", ".join(f"out{j}({rows[j]}, 12345.0f)" for j in range(3))
     group_args = "".join(f", P[{j}].data(), out{j}.data(), {('w', 'wf', 'w2')[j]}.data()" for j in order)
-    assert ("__restrict__ ws)" in texts[group]) == dp4a
-    quant = [name for name, t in texts.items() if "__float2int_rn" in t][0]  # (q8_quantize: the same for both)
-    prep = f"launch(2, 1, 1, 64, [&] {{ {quant}(P[0].data(), &err, alone.data(), x.data(), w.data(), ws.data()); }});"
     main = f"""
 int main() {{
   std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, s)) + "}" for s in slices)}}};
-  std::vector<char> x = load("x.bin"), w = load("w.bin"), w2 = load("w2.bin"), wf = load("wf.bin"), ws({k + k // 8}, 0x55);
+  std::vector<char> x = load("x.bin"), w = load("w.bin"), w2 = load("w2.bin"), wf = load("wf.bin");
   std::vector<float> alone({n}, 12345.0f), {arrays};
   int err = 0;
   packed = {{&w, &w2}};
-  {prep if dp4a else ""}
   launch(2, 1, 1, 64, [&] {{ {kinds[ids[0]]["qrows"]}(P[0].data(), &err, alone.data(), x.data(), w.data()); }});
-  launch(3, 1, 1, 256, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}{", ws.data()" if dp4a else ""}); }});
+  launch(3, 1, 1, 256, [&] {{ {group}(P[{order[0]}].data(), &err, x.data(){group_args}); }});
   FILE* f = std::fopen("out.bin", "wb");
   for (auto* v : {{&alone, &out0, &out1, &out2}}) std::fwrite(v->data(), 4, v->size(), f);
   std::fclose(f);
 }}
 """
-    exe = cuda_host.build(QROWS_HOST + (texts[quant] if dp4a else "") + texts[kinds[ids[0]]["qrows"]] + texts[group] + main,
-                          tmp_path)
+    exe = cuda_host.build(QROWS_HOST + texts[kinds[ids[0]]["qrows"]] + texts[group] + main, tmp_path)
     for name, a in (("x", x), ("w", buf), ("w2", raw2), ("wf", wf)):
         (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
     x64 = x.astype(np.float64)
-    q8 = (lambda r, v: expected_dp4a(x, r, k)[0]) if dp4a else (lambda r, v: x64[0] @ v.T.astype(np.float64))
-    want = np.concatenate([x64 @ vals.T.astype(np.float64), q8(raw, vals), x64 @ wf.T.astype(np.float64),
-                           q8(raw2, vals2)], None)
+    want = np.concatenate([x64 @ vals.T.astype(np.float64), x64 @ vals.T.astype(np.float64), x64 @ wf.T.astype(np.float64),
+                           x64 @ vals2.T.astype(np.float64)], None)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
 
 

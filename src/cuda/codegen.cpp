@@ -323,14 +323,12 @@ struct DotOperand {
   bool q8 = false;  // Q8_0 blocks: `off` is the packed row's first byte
 };
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act, const std::string& kb, const std::string& ke, const std::string& xq);
-// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps). `xq`: see
-// dot_rows_q8.
+                        const ActRow* act, const std::string& kb, const std::string& ke);
+// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps).
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                     const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K",
-                     const std::string& xq = "") {
+                     const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K") {
   if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; }))
-    return dot_rows_q8(as, a, oa, ws, U, act, kb, ke, xq);
+    return dot_rows_q8(as, a, oa, ws, U, act, kb, ke);
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
   t << "    for (i64 k0 = " << (kb == "0" ? "" : kb + " + ") << "lane * 8; k0 < " << ke << "; k0 += " << 256 * U
@@ -394,13 +392,8 @@ std::string merge_ranges(const std::string& wr, const std::string& col, const st
 }
 
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act, const std::string& kb, const std::string& ke, const std::string& xq) {
+                        const ActRow* act, const std::string& kb, const std::string& ke) {
   Text t;
-  // With `xq` (a pointer to one activation row quantised as q8_quantize leaves it: K int8 quants, then a float
-  // scale per block of 32), a Q8_0 operand's 8 quants meet the activations' 8 in two __dp4a, scaled by both blocks'
-  // scales: integer arithmetic instead of 8 unpacked floats. The float activations are then loaded only for float
-  // operands.
-  bool dp4a = !xq.empty() && !act, floats = std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return !w.q8; });
   for (auto& w : ws) {
     t << "    float " << w.acc << " = 0.0f;\n";
     if (w.q8)
@@ -418,14 +411,9 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     s << ";\n";
     for (auto& w : ws)
       if (w.q8) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
-    if (dp4a) s << "      int2 xq_[" << U << "];\n      float xd_[" << U << "];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
     if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
-    if (!act && (!dp4a || floats))
-      s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
-    if (dp4a)
-      s << "          xq_[u] = __ldg((const int2*)((const signed char*)" << xq << " + k0 + u * 256));\n"
-        << "          xd_[u] = __ldg((const float*)((const signed char*)" << xq << " + K) + ((k0 + u * 256) >> 5));\n";
+    if (!act) s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
     for (auto& w : ws) {
       if (w.q8)
         s << "          { const unsigned* q_ = (const unsigned*)(qb_" << w.acc << " + (k_ >> 5) * 34 + u * 272);\n"
@@ -438,7 +426,6 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     if (act) s << act->load("k0 + u * 256", "a[u]");
     if (checked) {
       s << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
-      if (dp4a) s << "          xq_[u] = make_int2(0, 0);\n          xd_[u] = 0.0f;\n";
       for (auto& w : ws)
         if (w.q8) s << "          b_" << w.acc << "[u][0] = b_" << w.acc << "[u][1] = b_" << w.acc << "[u][2] = 0u;\n";
         else s << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
@@ -450,13 +437,6 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     for (auto& w : ws) {
       if (!w.q8) continue;
       std::string b = "b_" + w.acc + "[u]", sh = "16u + qs_" + w.acc;
-      if (dp4a) {
-        s << "        { unsigned d_ = __shfl_sync(0xffffffffu, __byte_perm(" << b << "[0], 0u, qh_" << w.acc << "), lane & 28);\n"
-          << "          int q0_ = (int)__funnelshift_rc(" << b << "[0], " << b << "[1], " << sh << "), q1_ = (int)__funnelshift_rc("
-          << b << "[1], " << b << "[2], " << sh << ");\n"
-          << "          " << w.acc << " += f16_f32((u16)d_) * xd_[u] * (float)__dp4a(q1_, xq_[u].y, __dp4a(q0_, xq_[u].x, 0)); }\n";
-        continue;
-      }
       // Each quant byte (XOR 0x80: q + 128) under the exponent bits of 2^23 is the float 2^23 + q + 128 (a byte
       // permute instead of an int-to-float conversion), less 2^23 + 128.
       s << "        { unsigned d_ = __shfl_sync(0xffffffffu, __byte_perm(" << b << "[0], 0u, qh_" << w.acc << "), lane & 28);\n"
@@ -576,9 +556,6 @@ class Generator {
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
   int last_split_ = 1;            // and its warps per row (group_split)
-  bool last_q8dot_ = false;       // and whether it reads the activations quantised (group_q8dot)
-  // LUMINAL_CUDA_Q8_GROUP_DP4A=1: a group kernel's Q8_0 members by __dp4a over the activations quantised first
-  bool q8_group_dp4a_ = std::getenv("LUMINAL_CUDA_Q8_GROUP_DP4A") && std::string(std::getenv("LUMINAL_CUDA_Q8_GROUP_DP4A")) == "1";
   // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
   // no faster, and its unrolled bodies doubled NVRTC's time over the test suite's kernels); LUMINAL_CUDA_ELEMENTS=1|2|4
   // to compare.
@@ -2745,12 +2722,6 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   ActRow pro;
   if (prologue >= 0) pro = group_prologue(size_t(prologue));
   int split = group_split(nunits, members_of, prologue);
-  // Q8_0 members over the activations quantised by a kernel before (the first Q8_0 member's q8_quantize, launched
-  // by the runtime into the workspace, the kernel's last argument `ws`); not with a prologue (computed in the loop)
-  bool q8dot = false;
-  for (size_t u = 0; u < nunits && q8_group_dp4a_ && prologue < 0; ++u)
-    for (size_t m : members_of(u)) q8dot = q8dot || op_as<QMatMulOp>(g_.node(cs[m].node)) != nullptr;
-  std::string xq = q8dot ? "ws" : "";
   int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
   Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
@@ -2817,7 +2788,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     body << "    i64 K = P" << m0 << "[2];\n" << pro.init;
     if (split > 1) {
       // each warp's sums into the block's table; the row's first warp adds them up in the second pass
-      body << part << dot_rows(as, "a_", "oa", ws, U, nullptr, "kb_", "ke_", xq) << "    if (lane == 0) {\n";
+      body << part << dot_rows(as, "a_", "oa", ws, U, nullptr, "kb_", "ke_") << "    if (lane == 0) {\n";
       for (int q = 0; q < int(ws.size()); ++q) {
         body << "      part_[w_][" << q << "] = " << ws[size_t(q)].acc << ";\n";
         body2 << "    float " << ws[size_t(q)].acc << " = part_[w_][" << q << "]";
@@ -2827,7 +2798,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       body << "    }\n";
       nacc = std::max(nacc, int(ws.size()));
     } else {
-      body << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr, "0", "K", xq) << pro.finish;
+      body << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr) << pro.finish;
     }
     if (prologue >= 0)
       for (auto& w : ws) body << "    " << w.acc << " *= scale_;\n";
@@ -2866,7 +2837,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     }
     fin << "    }\n";
   }
-  k << sig.str() << esig.str() << pro.sig << (q8dot ? ", const void* __restrict__ ws" : "") << ") {\n";
+  k << sig.str() << esig.str() << pro.sig << ") {\n";
   // Before waiting for the kernels before (pdl_start, which then goes here): the weight rows (packed rows) of the
   // warp's first row prefetched into L2, so that their loads start during the tail of the kernel before (weights
   // depend on no kernel, and L2 is coherent anyway; the parameter block is written before the run). (No return
@@ -2896,7 +2867,6 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   }
   last_pairs_ = pairs;
   last_split_ = split;
-  last_q8dot_ = q8dot;
   return add_kernel(k.str());
 }
 
@@ -2984,8 +2954,6 @@ Module Generator::run() {
     mod_.group_pairs.back() = last_pairs_;
     mod_.group_split.resize(mod_.group_fns.size(), 1);
     mod_.group_split.back() = last_split_;
-    mod_.group_q8dot.resize(mod_.group_fns.size(), 0);
-    mod_.group_q8dot.back() = last_q8dot_;
   }
   mod_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(mod_);

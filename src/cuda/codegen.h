@@ -103,7 +103,6 @@ struct Module {
   std::vector<std::string> group_fns;
   std::vector<std::vector<char>> group_pairs;  // MatVec groups: per unit, whether a warp computes two of its rows
   std::vector<int> group_split;  // MatVec groups: warps per row (K split over them; 1 for other groups)
-  std::vector<char> group_q8dot;  // MatVec groups: Q8_0 members over activations quantised first (q8_quantize)
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device

@@ -509,7 +509,6 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
         return false;
       for (size_t d = 0; d + 1 < r; ++d)
         if (a.strides[d] % u && a.shape[d] != 1) return false;
-      ws_bytes_ = std::max(ws_bytes_, size_t(p[2] + p[2] / 32 * 4));  // (its row quantised, for a group_q8dot kernel)
       return true;
     }
     case Variant::QMatVec: case Variant::QGemm: {
@@ -1290,16 +1289,6 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     size_t pro = size_t(G.prologue);
     args.push_back(slot(pro));
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
-  }
-  if (s_.group_q8dot[g]) {  // the activations quantised into the workspace first, by a Q8_0 member's q8_quantize
-    size_t m = *std::find_if(G.members.begin(), G.members.end(), [&](size_t k) {
-      return op_as<QMatMulOp>(g_.node(core(k).node)) != nullptr;
-    });
-    int64_t id = core(m).node;
-    const int64_t* p = L_.params.data() + L_.slot[m];
-    launch(s_.steps[m].prep_fn, id, L_.slot[m], L_.items[m] / std::max<int64_t>(1, p[3]) * (p[2] / 32), true,
-           {ptr_[id], ptr_[g_.node(id).inputs[0].node], ptr_[g_.node(id).inputs[1].node], ws_ ? ws_->ptr : 0});
-    args.push_back(ws_ ? ws_->ptr : 0);
   }
   launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
   for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
