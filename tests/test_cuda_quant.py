@@ -390,7 +390,9 @@ def test_qrows_kernels_on_the_host(n, k, layout, rng, tmp_path):
     """The qrows kernel alone and a group of Q8_0, float and Q8_0 members run on the host (cuda_host.py), against
     float64 numpy, every weight word's load checked against its buffer: 5 blocks (lanes 20-31 idle; 170-byte rows,
     every other one 2-byte aligned), 34 (a partial step: rows read 2 bytes into a wider buffer), 1, and 66 (two
-    whole steps of 32 blocks, then a partial one); odd row counts; grids smaller than the work."""
+    whole steps of 32 blocks, then a partial one); odd row counts; grids smaller than the work; the group kernel of
+    34 and 66 blocks splits K over 2 and 4 warps a row (group_split), in blocks of 256 threads as the runtime
+    launches it."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
