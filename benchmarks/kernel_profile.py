@@ -92,7 +92,7 @@ def child(a):
     c = replace(B.SHAPES[B.Q8_MODELS.get(a.model, a.model)], n_layers=a.layers)
     hf = B.hf_model(c, 0)
     if a.model in B.Q8_MODELS:
-        s, raws = B.q8_session(c, hf, a.tokens + 64, a.cache_dtype)
+        s, _, raws = B.q8_session(c, hf, a.tokens + 64, a.cache_dtype)
     else:
         s, _ = B.luminal_session(c, hf, "bfloat16", a.tokens + 64, cache=a.cache_dtype)
     for name, label in s.graph._runtime.schedule.kernel_ops(s.graph._g).items():

@@ -512,8 +512,8 @@ def q8_bytes(c: LlamaConfig) -> int:
 def q8_session(c: LlamaConfig, hf, capacity: int, cache: str):
     """A luminal Session of `hf`'s model with Q8_0 projections and output head: each 2-D weight but the embedding is
     quantised on the GPU (q8_blocks) and becomes Dequant(raw), as a GGUF state dict does; `hf`'s weights are replaced
-    by their dequantisation, so that torch computes with exactly the weights luminal unpacks. Returns (session, the
-    packed rows, which luminal reads in place and the caller keeps alive)."""
+    by their dequantisation, so that torch computes with exactly the weights luminal unpacks. Returns (session, its
+    compile time in seconds, the packed rows, which luminal reads in place and the caller keeps alive)."""
     model = Llama(c)
     params = dict(model.named_parameters())
     raws = []
@@ -530,8 +530,9 @@ def q8_session(c: LlamaConfig, hf, capacity: int, cache: str):
                 setattr(owner, attr, model.graph._wrap(model.graph._g.dequant("Q8_0", t._edge(), list(p.shape))))
             else:
                 params[name].set(lm.cuda.from_torch(p.detach().contiguous()))
+    t = time.perf_counter()
     s = Session(model, [GenericCompiler(), lm.CudaCompiler("bfloat16")], capacity=capacity, cache_dtype=cache)
-    return s, raws
+    return s, time.perf_counter() - t, raws
 
 
 def run_q8(key, args, bw):
@@ -542,9 +543,7 @@ def run_q8(key, args, bw):
     rng = np.random.default_rng(args.seed)
     hf = hf_model(c, args.seed)
     prompt = rng.integers(0, c.vocab_size, 32).tolist()
-    t = time.perf_counter()
-    s, raws = q8_session(c, hf, len(prompt) + args.decode + 8, cache_dtype(key, args))
-    compile_s = time.perf_counter() - t
+    s, compile_s, raws = q8_session(c, hf, len(prompt) + args.decode + 8, cache_dtype(key, args))
     s.reset()
     got = s.step(prompt)[-1:]
     with torch.no_grad():

@@ -2849,7 +2849,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   k << (split > 1 ? "  i64 r = blockIdx.x * " + per + " + w_ / " + std::to_string(split) + ";\n"
                   : std::string("  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"))
     << pre.str() << "    }\n  }\n  pdl_start();\n";
-  k << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n";
+  k << "  int lane = threadIdx.x & 31;\n" << (split > 1 ? "" : "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n");
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);

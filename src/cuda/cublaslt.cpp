@@ -254,33 +254,33 @@ std::string q8_source(DType to) {
 std::mutex copy_mu;
 std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> copy_loaded;
 std::map<int, CUfunction> q8_loaded;
+// The copy kernels' module of `source` (after the prelude) compiled for this device and loaded, and its function
+// `name`s, in order.
+std::vector<CUfunction> load_fns(const std::string& source, std::initializer_list<const char*> names) {
+  const Device& dev = device();
+  std::string cubin = compile_cubin(std::string(prelude()) + source, dev.major * 10 + dev.minor);
+  CUmodule mod;
+  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", *names.begin());
+  std::vector<CUfunction> fns;
+  for (const char* name : names) {
+    fns.emplace_back();
+    check(driver().cuModuleGetFunction(&fns.back(), mod, name), "cuModuleGetFunction", name);
+  }
+  return fns;
+}
 CUfunction q8_fn(DType to) {
   std::lock_guard<std::mutex> l(copy_mu);
   auto it = q8_loaded.find(int(to));
   if (it != q8_loaded.end()) return it->second;
-  const Device& dev = device();
-  std::string cubin = compile_cubin(std::string(prelude()) + q8_source(to), dev.major * 10 + dev.minor);
-  CUmodule mod;
-  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", "q8_rows");
-  CUfunction f;
-  check(driver().cuModuleGetFunction(&f, mod, "q8_rows"), "cuModuleGetFunction", "q8_rows");
-  return q8_loaded[int(to)] = f;
+  return q8_loaded[int(to)] = load_fns(q8_source(to), {"q8_rows"})[0];
 }
 std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
-  std::mutex& m = copy_mu;
-  auto& fns = copy_loaded;
-  std::lock_guard<std::mutex> l(m);
+  std::lock_guard<std::mutex> l(copy_mu);
   auto key = std::make_pair(int(from), int(to));
-  auto it = fns.find(key);
-  if (it != fns.end()) return it->second;
-  const Device& dev = device();
-  std::string cubin = compile_cubin(std::string(prelude()) + copy_source(from, to), dev.major * 10 + dev.minor);
-  CUmodule mod;
-  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", "copy_rows");
-  std::pair<CUfunction, CUfunction> f;
-  check(driver().cuModuleGetFunction(&f.first, mod, "copy_rows"), "cuModuleGetFunction", "copy_rows");
-  check(driver().cuModuleGetFunction(&f.second, mod, "copy_rows8"), "cuModuleGetFunction", "copy_rows8");
-  return fns[key] = f;
+  auto it = copy_loaded.find(key);
+  if (it != copy_loaded.end()) return it->second;
+  std::vector<CUfunction> f = load_fns(copy_source(from, to), {"copy_rows", "copy_rows8"});
+  return copy_loaded[key] = {f[0], f[1]};
 }
 
 void copy_side(const BlasGemm::Side& s, DType to, CUdeviceptr in, CUdeviceptr out, CUstream stream) {

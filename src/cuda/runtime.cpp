@@ -1508,7 +1508,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::ImplicitMma ? 128 : 256);
             break;
           }
-          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: {
+          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: case Variant::QGemm: {
             // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
             BlasAdd add = v.kind == Variant::Blas ? blas_add(i, ptrs) : BlasAdd{};
             if (add.node >= 0) {
@@ -1525,9 +1525,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256);
             break;
           }
-          case Variant::QMatVec: case Variant::QGemm:
-            launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::QGemm ? 128 : 256);
-            break;
+          case Variant::QMatVec: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256); break;
           case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::AttentionRows:
           case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
