@@ -525,7 +525,7 @@ def q8_session(c: LlamaConfig, hf, capacity: int, cache: str):
                 raw, deq = q8_blocks(p)
                 p.copy_(deq)
                 raws.append(raw)
-                t = model.graph.tensor(tuple(raw.shape), lm.uint8, name=name).set(lm.cuda.from_torch(raw, copy=False))
+                t = model.graph.tensor(tuple(raw.shape), lm.uint8, name=name).set(lm.cuda.from_torch(raw))
                 owner, attr = model._owner(name)
                 setattr(owner, attr, model.graph._wrap(model.graph._g.dequant("Q8_0", t._edge(), list(p.shape))))
             else:

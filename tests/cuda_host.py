@@ -44,6 +44,8 @@ inline void pdl_start() {}
 using std::min;
 struct int2 { int x, y; };
 inline int2 make_int2(int a, int b) { return {a, b}; }
+struct uint2 { unsigned x, y; };
+inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct uint4 { unsigned x, y, z, w; };
 template <class T> T __ldg(const T* p) { return *p; }
 std::mutex atomics;
@@ -178,10 +180,31 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
+inline uint2 ld_stream8(const void* p) {
+  if (uintptr_t(p) % 8) { std::fprintf(stderr, "unaligned 8-byte access\n"); std::abort(); }
+  uint2 u; std::memcpy(&u, p, 8); return u;
+}
+template <class T> T __shfl_xor_sync(unsigned, T v, int o) { return shfl_xor(v, o); }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
 template <class T> T rd_float32(T v) { return (T)(float)v; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 """
+
+
+def _prelude_function(name: str) -> str:
+    """A device function of the CUDA prelude as host C++ (its intrinsics are emulated above)."""
+    import luminal as lm
+
+    text = lm._core.cuda_prelude()
+    start = text.rindex("\n", 0, text.index(f"__device__ __forceinline__ void {name}(")) + 1
+    end = text.index("\n}\n", start) + 3
+    return text[start:end].replace("__device__ __forceinline__ ", "inline ")
+
+
+# Split Q8_0 operands quantise their activations as the GPU does (the prelude's own text).
+MATVEC += _prelude_function("q8_quantize8")
 
 
 def compiler() -> str | None:

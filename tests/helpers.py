@@ -413,3 +413,33 @@ def tiny_llama_sessions(rng, compiler_lists, n_layers: int = 2, **session_kw) ->
             p.set(weights[n])
         sessions.append(Session(model, [lm.GenericCompiler(), *comps], **session_kw))
     return sessions
+
+
+# ---- Q8_0 products as the GPU's __dp4a kernels compute them (test_cuda_quant, test_cuda_decode) ----
+def quantize_rows(x):
+    """float32 rows (..., K) as int8 blocks of 32 and their scales, as q8_quantize (and the CPU's quantize_q8) does:
+    d = max|a| / 127, q = a * (1 / d) rounded to nearest even, every step in float32."""
+    b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
+    d = np.abs(b).max(-1) / np.float32(127)
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
+    return np.rint(b * inv[..., None]).astype(np.int8), d.astype(np.float32)
+
+
+def q8_parts(raw, k):
+    """A Q8_0 weight's int8 quants (n, blocks, 32) and float32 scales (n, blocks) from its raw rows."""
+    blocks = np.ascontiguousarray(raw).reshape(len(raw), k // 32, 34)
+    return blocks[..., 2:].copy().view(np.int8), blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def expected_dp4a(x, raw, k):
+    """float64 sum over blocks of d_w * d_x * (integer dot product of the blocks' quants)."""
+    qx, dx = quantize_rows(x)
+    qw, dw = q8_parts(raw, k)
+    dots = np.einsum("...bi,nbi->...nb", qx.astype(np.int64), qw.astype(np.int64))
+    return (dots * dx[..., None, :].astype(np.float64) * dw.astype(np.float64)).sum(-1)
+
+
+def split_layout(raw, k):
+    """A Q8_0 weight's bytes as the GPU stores them split (q8_layout.h): the quants' rows, then the scales'."""
+    blocks = np.ascontiguousarray(raw).reshape(len(raw), k // 32, 34)
+    return np.concatenate([blocks[..., 2:].reshape(-1), blocks[..., :2].reshape(-1)])

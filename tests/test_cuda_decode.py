@@ -17,7 +17,7 @@ import torch
 import cuda_host
 import luminal as lm
 import luminal.nn.functional as F
-from helpers import needs_cuda, needs_nvrtc, random_quant_blocks, tiny_llama_sessions
+from helpers import expected_dp4a, needs_cuda, needs_nvrtc, random_quant_blocks, split_layout, tiny_llama_sessions
 from luminal.quant import QuantizedWeight, dequantize
 
 gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
@@ -105,10 +105,11 @@ def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
     xv, nv = rng.data((1, k)).astype(np.float32), rng.data((k,)).astype(np.float32)
     g = lm.Graph()
     x, nw = g.tensor((1, k), name="x").set(xv), g.tensor((k,), name="n").set(nv)
-    vals, outs = {}, []
+    vals, outs, raws = {}, [], {}
     h = x.rms_norm(k, nw, 1e-5)
     for name, rows in (("q", 41), ("k", 7)):
-        raw, vals[name] = random_quant_blocks(rng.gen, "Q8_0", rows, k)
+        raws[name], vals[name] = random_quant_blocks(rng.gen, "Q8_0", rows, k)
+        raw = raws[name]
         outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (rows, k)), name=name).T).output())
     vals["v"] = rng.data((12, k)).astype(np.float32)
     outs.append((h @ g.tensor((12, k), name="v").set(vals["v"]).T).output())
@@ -123,6 +124,11 @@ def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
         if name == "v" and dtype == "bfloat16":  # (a float weight is stored in the compute dtype)
             v = torch.from_numpy(vals[name]).bfloat16().double().numpy()
         want = r @ v.T
+        if name in raws:  # (stored split: by __dp4a over the norm's part, x * n, quantised; then the row's scalar)
+            assert any(g._g.node(i).name == name for i in cc.schedule.q8_split)
+            if backend.name == "cuda":  # (x and n are read as float32 by the prologue alone)
+                scale = 1 / np.sqrt(np.mean(xv.astype(np.float64) ** 2) + 1e-5)
+                want = expected_dp4a(xv * nv, raws[name], k) * scale
         tol = 3e-2 if backend.name == "cuda-nvrtc" else 1e-4  # (the CPU kernels quantise decode activations)
         np.testing.assert_allclose(o.numpy(), want, rtol=0, atol=tol * np.abs(want).max(), err_msg=repr(rng))
     if backend.name == "cuda":
@@ -267,10 +273,14 @@ int main() {{
 }}
 """
     exe = cuda_host.build(_GROUP_HOST + kernel + main, tmp_path)
-    for name, a in (("x", x), ("n", nv), ("w", raw), ("wf", wf)):
+    # (the Q8_0 weight is stored split: its product by __dp4a over the norm's part, x * n, quantised in the loop,
+    # then scaled by the row's scalar)
+    assert [g.node(i).name for i in comp.schedule.q8_split] == ["w"]
+    for name, a in (("x", x), ("n", nv), ("w", split_layout(raw, k)), ("wf", wf)):
         (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
     r = _rms(torch.from_numpy(x).double(), torch.from_numpy(nv).double(), 1e-5).numpy()
-    want = np.concatenate([(r @ vals.T.astype(np.float64))[0], (r @ wf.T.astype(np.float64))[0]])
+    scale = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)
+    want = np.concatenate([expected_dp4a(x * nv, raw, k)[0] * scale, (r @ wf.T.astype(np.float64))[0]])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))

@@ -16,7 +16,7 @@ import pytest
 
 import cuda_host
 import luminal as lm
-from helpers import as_dtype, needs_nvrtc, random_quant_blocks
+from helpers import as_dtype, expected_dp4a, needs_nvrtc, random_quant_blocks, split_layout
 from luminal.compiler import QuantizedLowering, QuantizedStacking
 from luminal.quant import QuantizedWeight, dequantize
 
@@ -42,27 +42,17 @@ def kernel_of(qtype: str, rows: int, dtype: str) -> str:
     return "qmma" if dtype != "float32" else "warps"
 
 
-def quantize_rows(x):
-    """float32 rows (..., K) as int8 blocks of 32 and their scales, as q8_quantize (and the CPU's quantize_q8) does:
-    d = max|a| / 127, q = a * (1 / d) rounded to nearest even, every step in float32."""
-    b = np.asarray(x, np.float32).reshape(*x.shape[:-1], -1, 32)
-    d = np.abs(b).max(-1) / np.float32(127)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype(np.float32)
-    return np.rint(b * inv[..., None]).astype(np.int8), d.astype(np.float32)
 
 
-def q8_parts(raw, k):
-    """A Q8_0 weight's int8 quants (n, blocks, 32) and float32 scales (n, blocks) from its raw rows."""
-    blocks = np.ascontiguousarray(raw).reshape(len(raw), k // 32, 34)
-    return blocks[..., 2:].copy().view(np.int8), blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
 
 
-def expected_dp4a(x, raw, k):
-    """float64 sum over blocks of d_w * d_x * (integer dot product of the blocks' quants)."""
-    qx, dx = quantize_rows(x)
-    qw, dw = q8_parts(raw, k)
-    dots = np.einsum("...bi,nbi->...nb", qx.astype(np.int64), qw.astype(np.int64))
-    return (dots * dx[..., None, :].astype(np.float64) * dw.astype(np.float64)).sum(-1)
+def is_split(g, comp, name):
+    """Whether the kernels of `comp` read input `name` split (Module::q8_split)."""
+    return any(g.node(i).name == name for i in comp.schedule.q8_split)
+
+
+def cuda_of(comps):
+    return next(c for c in comps if isinstance(c, lm.CudaCompiler))
 
 
 def expected(x, vals, qtype, rows, dtype, raw=None):
@@ -146,12 +136,12 @@ def test_q8_stacked_weights(backend, rows, rng, monkeypatch, capfd):
         outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)), name=f"w{j}").T).output())
         vals.append((v, raw))
     g.compile(lm.GenericCompiler(), QuantizedLowering(), QuantizedStacking(), *backend.compilers("float16"))
-    # One row: the products read the same activations, so they run as one matrix-vector group (qrows, float32
-    # activations); more rows take the kernel of their row count.
+    # One row: the products read the same activations, so they run as one matrix-vector group (qrows: the weights
+    # stored split, by __dp4a); more rows take the kernel of their row count.
     kernel = "qrows" if rows == 1 else kernel_of("Q8_0", rows, "float16")
     run_checked(g, backend, monkeypatch, capfd, [kernel])
     for o, (v, raw) in zip(outs, vals):
-        want = (x * np.float32(1.5)).astype(np.float64) @ v.astype(np.float64).T if kernel == "qrows" else \
+        want = expected_dp4a(x * np.float32(1.5), raw, k) if kernel == "qrows" else \
             expected(x * np.float32(1.5), v, "Q8_0", rows, "float16", raw)
         close(o.numpy(), want, backend, rng)
 
@@ -252,7 +242,8 @@ int main() {{
     dot = re.sub(r'asm volatile\("prefetch\.global\.L2.*?\);', ";", texts[variants["qdot"]], flags=re.S)  # (hints)
     exe = cuda_host.build(texts[quant] + dot + main, tmp_path)
     (tmp_path / "x.bin").write_bytes(x.tobytes())
-    (tmp_path / "w.bin").write_bytes(np.ascontiguousarray(raw).tobytes())
+    assert is_split(g, comp, "qweight")  # (a whole weight: stored split)
+    (tmp_path / "w.bin").write_bytes(split_layout(raw, k).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32).reshape(rows, n)
     want = expected_dp4a(x, raw, k)
@@ -291,8 +282,9 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, r
     xt = g.tensor((tokens, k), name="x").set(x)
     rt = g.tensor((tokens, 24), name="res").set(res)
     h = xt * 0.02  # (an activation computed on the device: stored float32; products of a few units)
+    raws = {}
     w, v = q8_layers(g, rng, [("q", 41, k, "q8"), ("k", 7, k, "float"), ("o", 24, k, "q8"), ("g", 37, k, "q8"),
-                              ("u", 37, k, up)], {})
+                              ("u", 37, k, up)], raws)
     q, kk = (h @ w["q"].T).output(), (h @ w["k"].T).output()
     r = (rt + h @ w["o"].T).output()
     m = ((h @ w["g"].T).silu() * (h @ w["u"].T)).output()
@@ -303,6 +295,12 @@ def test_q8_grouped_matvecs_and_their_epilogues(backend, tokens, dtype, up, k, r
     floats = ("k", "u") if up == "float" else ("k",)
     v = {n: as_dtype(a, dtype).astype(np.float64) if n in floats else a for n, a in v.items()}  # (stored in dtype)
     p = {n: x64 @ a.T for n, a in v.items()}
+    if tokens == 1:  # (the group's Q8_0 members: weights stored split, by __dp4a over the quantised activations)
+        cuda = cuda_of(comps)
+        for n in p:
+            if n not in floats:
+                assert is_split(g._g, cuda, n)
+                p[n] = expected_dp4a(x * np.float32(0.02), raws[n], k)
     wants = [p["q"], p["k"], res + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]]
     for o, want in zip((q, kk, r, m), wants):
         close(o.numpy(), want, backend, rng)
@@ -334,16 +332,20 @@ def test_q8_groups_off(backend, rng, monkeypatch, capfd):
         run_checked(g, backend, monkeypatch, capfd, ["qdot"])
 
 
-@pytest.mark.parametrize("n,layout,kernel", [(42, "packed", "qrows"), (41, "offset", "qrows"), (41, "packed", "qdot")])
+@pytest.mark.parametrize("n,layout,kernel", [(42, "packed", "qrows"), (41, "offset", "qrows"), (41, "packed", "qrows"),
+                                             (41, "blocks", "qdot")])
 def test_q8_rows_alone(backend, n, layout, kernel, rng, monkeypatch, capfd):
     """LUMINAL_CUDA_Q8_ROWS=1: a product alone takes qrows too. Rows of 5 blocks (170 bytes: every other row 2-byte
-    aligned), or read 2 bytes into a wider buffer; 41 packed rows end 2 bytes into a word, which qrows' last lane
-    would read past: qdot then."""
+    aligned), or read 2 bytes into a wider buffer (kept as GGUF blocks: float activations); a whole weight is stored
+    split (its 8-quant loads stay in its rows: __dp4a). Kept as blocks (LUMINAL_CUDA_Q8_SPLIT=0), 41 rows end 2 bytes
+    into a word, which qrows' last lane would read past: qdot then."""
     monkeypatch.setenv("LUMINAL_CUDA_Q8_ROWS", "1")
+    if layout == "blocks":
+        monkeypatch.setenv("LUMINAL_CUDA_Q8_SPLIT", "0")
     k = 160
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
     g = lm.Graph()
-    if layout == "packed":
+    if layout != "offset":
         w = dequantize(g, QuantizedWeight(raw, "Q8_0", (n, k)))
     else:
         wide = np.concatenate([rng.gen.integers(0, 256, (n, 2)).astype(np.uint8), raw], 1)
@@ -355,7 +357,8 @@ def test_q8_rows_alone(backend, n, layout, kernel, rng, monkeypatch, capfd):
     g.compile(lm.GenericCompiler(), *backend.compilers("bfloat16"))
     run_checked(g, backend, monkeypatch, capfd, [kernel])
     x = x * np.float32(1.5)
-    close(y.numpy(), x.astype(np.float64) @ vals.astype(np.float64).T if kernel == "qrows" else expected_dp4a(x, raw, k),
+    float_path = kernel == "qrows" and layout == "offset"
+    close(y.numpy(), x.astype(np.float64) @ vals.astype(np.float64).T if float_path else expected_dp4a(x, raw, k),
           backend, rng)
 
 
@@ -438,23 +441,27 @@ int main() {{
 }}
 """
     exe = cuda_host.build(QROWS_HOST + texts[kinds[ids[0]]["qrows"]] + texts[group] + main, tmp_path)
-    for name, a in (("x", x), ("w", buf), ("w2", raw2), ("wf", wf)):
+    # (whole weights are stored split and meet the activations by __dp4a; w read through an offset view is not)
+    assert is_split(g, comp, "w") == (layout == "packed") and is_split(g, comp, "w2")
+    for name, a in (("x", x), ("w", split_layout(raw, k) if layout == "packed" else buf), ("w2", split_layout(raw2, k)),
+                    ("wf", wf)):
         (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
     x64 = x.astype(np.float64)
-    want = np.concatenate([x64 @ vals.T.astype(np.float64), x64 @ vals.T.astype(np.float64), x64 @ wf.T.astype(np.float64),
-                           x64 @ vals2.T.astype(np.float64)], None)
+    p_w = expected_dp4a(x, raw, k)[0] if layout == "packed" else (x64 @ vals.T.astype(np.float64))[0]
+    want = np.concatenate([p_w, p_w, (x64 @ wf.T.astype(np.float64))[0], expected_dp4a(x, raw2, k)[0]], None)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
 
 
-def test_qrows_group_epilogues_on_the_host(rng, tmp_path):
+@pytest.mark.parametrize("k", [192, 2112])
+def test_qrows_group_epilogues_on_the_host(k, rng, tmp_path):
     """A group of Q8_0 units with epilogues run on the host: o (24 rows) with a residual add, and gate and up (37
-    rows: the last pair of rows has one) with silu(gate) * up; every warp computes two rows of its unit. Against
-    float64 numpy."""
+    rows: the last pair of rows has one) with silu(gate) * up; every warp computes two rows of its unit. Their
+    weights are stored split (by __dp4a over the activations quantised in the loop); 6 blocks (one partial step), 66
+    (K split over 4 warps a row, parts of 512 and 544). Against float64 numpy."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    k = 192
     x, res = rng.data((1, k), "small").astype(np.float32), rng.data((1, 24)).astype(np.float32)
     cx = lm.Graph()
     xt, rt = cx.tensor(x.shape, name="x").set(x), cx.tensor(res.shape, name="res").set(res)
@@ -469,7 +476,9 @@ def test_qrows_group_epilogues_on_the_host(rng, tmp_path):
     ((group, ids),) = comp.schedule.groups()
     members = [i for i in ids if g.node(i).name.startswith("QMatMul")]
     epilogues = [i for i in ids if i not in members]
-    assert len(members) == 3 and len(epilogues) == 2 and "(P0[1] + 1) / 2" in dict(comp.schedule.kernel_texts)[group]
+    text = dict(comp.schedule.kernel_texts)[group]
+    assert len(members) == 3 and len(epilogues) == 2 and "(P0[1] + 1) / 2" in text and "q8_quantize8" in text
+    assert ("sl_ = w_ % 4" in text) == (k == 2112)
     name_of = {e.node: g.node(e.node).name for i in ids for e in g.node(i).inputs}
     sizes = {n: a.size for n, a in data.items()}
     numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
@@ -493,7 +502,7 @@ int main() {{
   std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, p)) + "}" for p in slices)}}};
 {loads}{bufs}  int err = 0;
   packed = {{&o, &g, &u}};
-  launch(3, 1, 1, 64, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
+  launch(3, 1, 1, 256, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
   FILE* f = std::fopen("out.bin", "wb");
   std::fwrite(o{epilogues[0]}.data(), 4, o{epilogues[0]}.size(), f);
   std::fwrite(o{epilogues[1]}.data(), 4, o{epilogues[1]}.size(), f);
@@ -502,11 +511,11 @@ int main() {{
 """
     exe = cuda_host.build(QROWS_HOST + dict(comp.schedule.kernel_texts)[group] + main, tmp_path)
     for n, a in data.items():
-        (tmp_path / f"{n}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
+        assert is_split(g, comp, n) == (n not in ("x", "res"))
+        (tmp_path / f"{n}.bin").write_bytes(np.ascontiguousarray(split_layout(a, k) if n in vals else a).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
-    x64 = x.astype(np.float64)
-    p = {n: x64 @ v.T.astype(np.float64) for n, v in vals.items()}
+    p = {n: expected_dp4a(x, data[n], k) for n in vals}  # (split weights: by __dp4a)
     want = np.concatenate([(res + p["o"]).ravel(), (p["g"] / (1 + np.exp(-p["g"])) * p["u"]).ravel()])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
 
@@ -529,7 +538,7 @@ def test_q8_group_as_rows_change(backend, rng, monkeypatch, capfd):
         run_checked(g, backend, monkeypatch, capfd, [{1: "qrows", 3: "qdot", 7: "warps"}[rows]])
         x = x * np.float32(1.5)
         for n, o in outs.items():
-            want = expected_dp4a(x, raws[n], k) if rows == 3 else x.astype(np.float64) @ v[n].T
+            want = expected_dp4a(x, raws[n], k) if rows <= 3 else x.astype(np.float64) @ v[n].T  # (1: split, __dp4a)
             close(o.numpy(), want, backend, rng)
 
 
@@ -563,3 +572,53 @@ def test_q8_prefill_through_cublas(backend, dtype, mode, rng, monkeypatch, capfd
         np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=repr(rng))
     else:  # (cuda-nvrtc: the CPU kernels; tuned: either kernel)
         np.testing.assert_allclose(y.numpy(), want, rtol=0, atol=1e-2 * np.abs(want).max(), err_msg=repr(rng))
+
+
+def test_q8_weights_stored_split(backend, rng):
+    """A whole Q8_0 weight given as a DeviceArray: the first run rearranges its memory in place (stored split, the
+    group kernels' layout); numpy() still reads GGUF blocks; a graph that reads it as blocks (a Dequant alone) joins
+    it back, and the first graph splits it again. Memory borrowed from torch is never rearranged: each run reads a
+    split copy, so a change to the torch tensor shows in the next run."""
+    if backend.name != "cuda":
+        pytest.skip("runs on the GPU")
+    import torch
+
+    n, k = 37, 4160
+    raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    x = rng.data((1, k)).astype(np.float32)
+
+    def product(arr):
+        g = lm.Graph()
+        t = g.tensor(raw.shape, lm.uint8, name="w").set(arr)
+        y = (g.tensor(x.shape, name="x").set(x) @ g._wrap(g._g.dequant("Q8_0", t._edge(), [n, k])).T).output()
+        comps = backend.compilers("float32")
+        g.compile(lm.GenericCompiler(), *comps)
+        assert is_split(g._g, cuda_of(comps), "w")
+        return g, y
+
+    dev = lm._core.cuda_upload(raw, "uint8")
+    g, y = product(dev)
+    g.execute()
+    close(y.numpy(), expected_dp4a(x, raw, k), backend, rng)
+    np.testing.assert_array_equal(dev.numpy(), raw)
+    g2 = lm.Graph()
+    d = g2._wrap(g2._g.dequant("Q8_0", g2.tensor(raw.shape, lm.uint8, name="w").set(dev)._edge(), [n, k])).output()
+    comps = backend.compilers("float32")
+    g2.compile(lm.GenericCompiler(), *comps)
+    assert not cuda_of(comps).schedule.q8_split
+    g2.execute()
+    np.testing.assert_allclose(d.numpy(), vals, rtol=1e-6, atol=0)
+    g.execute()
+    close(y.numpy(), expected_dp4a(x, raw, k), backend, rng)
+
+    tw = torch.from_numpy(raw.copy()).cuda()
+    gb, yb = product(lm.cuda.from_torch(tw, copy=False))
+    gb.execute()
+    close(yb.numpy(), expected_dp4a(x, raw, k), backend, rng)
+    np.testing.assert_array_equal(tw.cpu().numpy(), raw)  # (the caller's memory as it was)
+    raw2, _ = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    tw.copy_(torch.from_numpy(raw2))
+    torch.cuda.synchronize()
+    gb.execute()
+    close(yb.numpy(), expected_dp4a(x, raw2, k), backend, rng)
+    np.testing.assert_array_equal(tw.cpu().numpy(), raw2)

@@ -95,6 +95,8 @@ void bind_cuda(py::module_& m) {
   py::class_<Module>(m, "CudaSchedule", "The kernels and steps generated for a graph (no GPU needed).")
       .def_readonly("source", &Module::source)
       .def_readonly("kernel_texts", &Module::kernels)
+      .def_readonly("q8_split", &Module::q8_split,
+                    "Input nodes of Q8_0 weights the kernels read split: quants' rows, then scales' (q8_layout.h).")
       .def("storage_dtype", [](const Module& s, int64_t id) { return std::string(dtype_name(s.storage().at(id))); })
       .def("kernels", [](const Module& s) {
         py::list out;  // (node, [(variant, kernel name)], the Scatter rows' kernel or "")

@@ -119,6 +119,31 @@ __device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) {
 }
 __device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ld_stream16((const u16*)b + o), x); }
 __device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ld_stream16((const u16*)b + o), x); }
+// 8 bytes streamed past L1 (a lane's quants of Q8_0 weights stored split).
+__device__ __forceinline__ uint2 ld_stream8(const void* p) {
+  uint2 u;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(u.x), "=r"(u.y) : "l"(p));
+  return u;
+}
+// A lane's 8 activations of a block of 32 spread over 4 consecutive lanes, quantised as q8_quantize does (d =
+// max|a| / 127, q = a * (1 / d) rounded to nearest even), packed 4 quants a word: adding 1.5 * 2^23 rounds to an
+// integer whose low byte is the quant's (two's complement), and byte permutes gather those bytes.
+__device__ __forceinline__ void q8_quantize8(const float* a, unsigned* q, float& d) {
+  float m = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) m = fmaxf(m, fabsf(a[e]));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  d = m / 127.0f;
+  float id = d != 0.0f ? 1.0f / d : 0.0f;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    unsigned f[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = __float_as_uint(__fadd_rn(__fmul_rn(a[4 * j + e], id), 12582912.0f));
+    q[j] = __byte_perm(__byte_perm(f[0], f[1], 0x40u), __byte_perm(f[2], f[3], 0x40u), 0x5410u);
+  }
+}
 // A warp's L2 prefetch of `bytes` from w + o: a lane per 128-byte line (a hint: L2 is coherent).
 __device__ __forceinline__ void prefetch_l2(const void* w, i64 o, i64 bytes, int lane) {
   size_t a = (size_t)((const u8*)w + o) & ~(size_t)127, end = (size_t)((const u8*)w + o) + bytes;
@@ -320,10 +345,12 @@ struct ActRow {
 struct DotOperand {
   DType storage;
   std::string ptr, off, acc;
-  bool q8 = false;  // Q8_0 blocks: `off` is the packed row's first byte
+  bool q8 = false;    // Q8_0 blocks: `off` is the packed row's first byte
+  std::string soff;   // Q8_0 stored split (q8_layout.h): `off` is the row's first quant, `soff` its first scale's byte
 };
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke);
+
 // [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps).
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                      const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K") {
@@ -370,7 +397,7 @@ std::string warp_rows_kernel(const ViewSlot& av, DType as, const DotOperand& w, 
     << "  int lane = threadIdx.x & 31;\n  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5, K = p[2];\n"
     << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < p[1]; row += nw) {\n"
     << unravel(av, 0, R - 1, "row") << "    i64 oa = " << ViewText{av}.offset(idx) << ", " << w.off << ";\n"
-    << dot_rows(as, "in0", "oa", {{w.storage, "in1", "ob", "acc", w.q8}}, 4)
+    << dot_rows(as, "in0", "oa", {{w.storage, "in1", "ob", "acc", w.q8, w.soff.empty() ? "" : "obs"}}, 4)
     << "    if (lane == 0) st_" << dtype_name(out) << "(out, row, acc);\n  }\n}\n";
   return k.str();
 }
@@ -394,9 +421,10 @@ std::string merge_ranges(const std::string& wr, const std::string& col, const st
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke) {
   Text t;
+  bool any_split = std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return !w.soff.empty(); });
   for (auto& w : ws) {
     t << "    float " << w.acc << " = 0.0f;\n";
-    if (w.q8)
+    if (w.q8 && w.soff.empty())
       t << "    const u8* qb_" << w.acc << " = (const u8*)" << w.ptr << " + " << w.off
         << " + (lane >> 2) * 34 + (lane & 3) * 8;\n"
         << "    unsigned qs_" << w.acc << " = 8u * ((unsigned)(size_t)qb_" << w.acc << " & 2u), qh_" << w.acc
@@ -410,12 +438,17 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
       if (!w.q8) s << ", b_" << w.acc << "[" << U << "][8]";
     s << ";\n";
     for (auto& w : ws)
-      if (w.q8) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
+      if (w.q8 && w.soff.empty()) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
+      else if (w.q8) s << "      uint2 b_" << w.acc << "[" << U << "];\n      u16 d_" << w.acc << "[" << U << "];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
     if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
     if (!act) s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
     for (auto& w : ws) {
-      if (w.q8)
+      if (w.q8 && !w.soff.empty())  // (8 quants: one 8-byte load; the block's scale, the same for its 4 lanes)
+        s << "          b_" << w.acc << "[u] = ld_stream8((const u8*)" << w.ptr << " + " << w.off << " + k0 + u * 256);\n"
+          << "          d_" << w.acc << "[u] = __ldg((const u16*)((const u8*)" << w.ptr << " + " << w.soff
+          << ") + ((k0 + u * 256) >> 5));\n";
+      else if (w.q8)
         s << "          { const unsigned* q_ = (const unsigned*)(qb_" << w.acc << " + (k_ >> 5) * 34 + u * 272);\n"
           << "            b_" << w.acc << "[u][0] = __ldg(q_); b_" << w.acc << "[u][1] = __ldg(q_ + 1); b_" << w.acc
           << "[u][2] = __ldg(q_ + 2); }\n";
@@ -427,15 +460,25 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     if (checked) {
       s << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
       for (auto& w : ws)
-        if (w.q8) s << "          b_" << w.acc << "[u][0] = b_" << w.acc << "[u][1] = b_" << w.acc << "[u][2] = 0u;\n";
+        if (w.q8 && !w.soff.empty()) s << "          b_" << w.acc << "[u] = make_uint2(0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
+        else if (w.q8) s << "          b_" << w.acc << "[u][0] = b_" << w.acc << "[u][1] = b_" << w.acc << "[u][2] = 0u;\n";
         else s << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
       s << "        }\n";
     }
     s << "      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
     for (auto& w : ws)
       if (!w.q8) s << "        for (int e = 0; e < 8; ++e) " << w.acc << " += a[u][e] * b_" << w.acc << "[u][e];\n";
+    // Split operands by __dp4a: the lane's 8 activations quantised as the CPU backend's decode does (q8_quantize),
+    // their block of 32 over the lane's 4-lane group (every lane runs every step: the shuffles need the warp)
+    if (any_split)
+      s << "        { unsigned xq_[2]; float dx_;\n          q8_quantize8(a[u], xq_, dx_);\n";
+    for (auto& w : ws)
+      if (w.q8 && !w.soff.empty())
+        s << "          " << w.acc << " += (float)__dp4a((int)b_" << w.acc << "[u].y, (int)xq_[1], __dp4a((int)b_" << w.acc
+          << "[u].x, (int)xq_[0], 0)) * (f16_f32(d_" << w.acc << "[u]) * dx_);\n";
+    if (any_split) s << "        }\n";
     for (auto& w : ws) {
-      if (!w.q8) continue;
+      if (!w.q8 || !w.soff.empty()) continue;
       std::string b = "b_" + w.acc + "[u]", sh = "16u + qs_" + w.acc;
       // Each quant byte (XOR 0x80: q + 128) under the exponent bits of 2^23 is the float 2^23 + q + 128 (a byte
       // permute instead of an int-to-float conversion), less 2^23 + 128.
@@ -554,6 +597,16 @@ class Generator {
   bool host_fallback_;
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
+  std::vector<char> split_;       // per node: a Q8_0 weight input stored split (choose_q8_split)
+  void choose_q8_split();
+  // Whether QMatMul n reads its weights split (all of them, or none: see choose_q8_split)
+  bool split_q8(const Node& n) const { return n.inputs.size() > 1 && split_[size_t(n.inputs[1].node)]; }
+  // A split Q8_0 weight's row `row` (view bv, K = `K`): "<q> = <first quant's byte>, <s> = <first scale's byte>"
+  static std::string split_offsets(const ViewSlot& bv, const std::string& row, const std::string& K,
+                                   const std::string& q, const std::string& s) {
+    return q + " = " + row + " * " + K + ", " + s + " = " + ViewText{bv}.shape(0) + " * " + K + " + " + row + " * (" +
+           K + " / 16)";
+  }
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
   int last_split_ = 1;            // and its warps per row (group_split)
   // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
@@ -640,11 +693,12 @@ class Generator {
   void scatter_step(Step& st, const Node& n, const luminal::Step* producer, const Step* pk);
   void qmatmul_step(Step& st, const Node& n, int block_bytes);
   void contraction_step(Step& st, const Node& n, int axes);
-  std::string q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr) const;
-  std::string q8_matvec(const Step& st, const Node& n, int S);
-  std::string q8_mma(const Step& st, const Node& n, int S);
+  std::string q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr,
+                     const std::string& sptr = "") const;
+  std::string q8_matvec(const Step& st, const Node& n, int S, bool split);
+  std::string q8_mma(const Step& st, const Node& n, int S, bool split);
   std::string q8_quantize(const Step& st, const Node& n);
-  std::string q8_dp4a(const Step& st, const Node& n, int S);
+  std::string q8_dp4a(const Step& st, const Node& n, int S, bool split);
   void matmul_fast_kernels(const Node& n, Step& st);
   std::string mma_kernel(const Node& n, const Step& st);
   Variant gemm_kernel(const Node& n, const Step& st, Variant::Kind kind);
@@ -1389,16 +1443,22 @@ void Generator::contraction_step(Step& st, const Node& n, int axes) {
   st.variants.insert(st.variants.begin(), fast);
 }
 
-// Statements pointing `ptr` (a const u8*) at the packed row `nn` (in range) of whichever weight holds it.
-std::string Generator::q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr) const {
+// Statements pointing `ptr` (a const u8*) at the packed row `nn` (in range) of whichever weight holds it; with
+// `sptr`, weights stored split: `ptr` at the row's quants, `sptr` (a const u16*) at its scales.
+std::string Generator::q8_row(const Step& st, int S, const std::string& nn, const std::string& ptr,
+                              const std::string& sptr) const {
   int m = int(st.views.size()) - 1;
   std::string t = "    ";
   for (int j = 1; j <= m; ++j) {
     ViewText wv{st.views[j]};
     if (j > 1) t += " else ";
     if (j < m) t += "if (" + nn + " < p[" + std::to_string(S + j) + "]) ";
-    t += "{ " + ptr + " = (const u8*)in" + std::to_string(j) + " + " + wv.off() + " + (" + nn + " - p[" +
-         std::to_string(S + j - 1) + "]) * " + wv.stride(0) + "; }";
+    std::string in = "(const u8*)in" + std::to_string(j), r = "(" + nn + " - p[" + std::to_string(S + j - 1) + "])";
+    if (sptr.empty())
+      t += "{ " + ptr + " = " + in + " + " + wv.off() + " + " + r + " * " + wv.stride(0) + "; }";
+    else
+      t += "{ " + ptr + " = " + in + " + " + r + " * p[2]; " + sptr + " = (const u16*)(" + in + " + " + wv.shape(0) +
+           " * p[2]) + " + r + " * (p[2] / 32); }";
   }
   return t + "\n";
 }
@@ -1430,7 +1490,7 @@ std::string load4(DType as, const std::string& o, const std::string& x) {
 // takes 4 quants of a block (8 lanes a block) with 2-byte loads (blocks are 34 bytes: only 2-byte aligned) and their
 // 4 activations (which serve both rows), and 4 steps are loaded before the first multiply. Float32 accumulation.
 // (Whole 4-byte words per lane, the neighbours' words and the scales by shuffles, measured no faster on the H100.)
-std::string Generator::q8_matvec(const Step& st, const Node& n, int S) {
+std::string Generator::q8_matvec(const Step& st, const Node& n, int S, bool split) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
@@ -1447,8 +1507,8 @@ std::string Generator::q8_matvec(const Step& st, const Node& n, int S) {
     << "    i64 row = it / ng, n0 = (it % ng) * 2;\n"
     << unravel(av, 0, R - 2, "row")
     << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n"
-    << "    const u8 *w0, *w1;\n"
-    << q8_row(st, S, "n0", "w0") << q8_row(st, S, "min(n0 + 1, N - 1)", "w1")
+    << "    const u8 *w0, *w1;\n" << (split ? "    const u16 *s0, *s1;\n" : "")
+    << q8_row(st, S, "n0", "w0", split ? "s0" : "") << q8_row(st, S, "min(n0 + 1, N - 1)", "w1", split ? "s1" : "")
     << "    float acc0 = 0.0f, acc1 = 0.0f;\n"
     << "    for (i64 b0 = w * 4 + (lane >> 3); b0 < nb; b0 += 128) {\n"
     << "      float4 x[4];\n      unsigned q0[4], q1[4];\n      float d0[4], d1[4];\n"
@@ -1457,8 +1517,10 @@ std::string Generator::q8_matvec(const Step& st, const Node& n, int S) {
     << "        i64 b = b0 + u * 32;\n"
     << "        if (b < nb) {\n"
     << "          " << load4(as, "abase + b * 32 + 4 * j", "x[u]") << "\n"
-    << "          const u16 *a = (const u16*)(w0 + b * 34), *c = (const u16*)(w1 + b * 34);\n"
-    << "          d0[u] = f16_f32(__ldg(a));\n          d1[u] = f16_f32(__ldg(c));\n"
+    << (split ? "          const u16 *a = (const u16*)(w0 + b * 32) - 1, *c = (const u16*)(w1 + b * 32) - 1;\n"
+                "          d0[u] = f16_f32(__ldg(s0 + b));\n          d1[u] = f16_f32(__ldg(s1 + b));\n"
+              : "          const u16 *a = (const u16*)(w0 + b * 34), *c = (const u16*)(w1 + b * 34);\n"
+                "          d0[u] = f16_f32(__ldg(a));\n          d1[u] = f16_f32(__ldg(c));\n")
     << "          q0[u] = ((unsigned)__ldg(a + 1 + 2 * j) | ((unsigned)__ldg(a + 2 + 2 * j) << 16)) ^ 0x80808080u;\n"
     << "          q1[u] = ((unsigned)__ldg(c + 1 + 2 * j) | ((unsigned)__ldg(c + 2 + 2 * j) << 16)) ^ 0x80808080u;\n"
     << "        } else {\n"
@@ -1511,7 +1573,7 @@ std::string Generator::q8_quantize(const Step& st, const Node& n) {
 // 4 lanes per 32-weight block (8 quants each: four 2-byte loads, as blocks are 34 bytes, joined into two words by
 // byte permutes), so a warp covers 8 blocks of each column per step and 2 steps are loaded before the first product.
 // Per lane and block: two __dp4a, then one float multiply-add by the two scales; float32 accumulation.
-std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
+std::string Generator::q8_dp4a(const Step& st, const Node& n, int S, bool split) {
   std::vector<std::string> args = input_names(int(st.views.size()));
   args.push_back("ws");
   Text k;
@@ -1525,10 +1587,10 @@ std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
     << "  // streaming them overlaps the activations' quantisation (a hint only: L2 is coherent). (No return before it:\n"
     << "  // the kernel after this one waits for this one only.)\n"
     << "  if (blockIdx.x < rows * ng) {\n"
-    << "    i64 n0 = blockIdx.x / rows * 4, bytes = nb * 34;\n"
-    << "    const u8* r;\n";
+    << "    i64 n0 = blockIdx.x / rows * 4, bytes = nb * " << (split ? 32 : 34) << ";  // (split: the quants)\n"
+    << "    const u8* r;\n" << (split ? "    const u16* rs;\n" : "");
   for (int c = 0; c < 4; ++c)
-    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "r")
+    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "r", split ? "rs" : "")
       << "    for (i64 l = threadIdx.x * 128; l < bytes; l += blockDim.x * 128)\n"
       << "      asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"(r + l));\n";
   k << "  }\n"
@@ -1537,9 +1599,10 @@ std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
     << "  const int2* xq = (const int2*)ws;\n  const float* xd = (const float*)((const char*)ws + rows * K);\n"
     << "  for (i64 it = blockIdx.x; it < rows * ng; it += gridDim.x) {\n"
     << "    i64 row = it % rows, n0 = it / rows * 4;  // (a group's rows in neighbouring blocks: its weights from L2)\n"
-    << "    const u8* wr[4];\n";
+    << "    const u8* wr[4];\n" << (split ? "    const u16* wd[4];\n" : "");
   for (int c = 0; c < 4; ++c)
-    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "wr[" + std::to_string(c) + "]");
+    k << q8_row(st, S, c ? "min(n0 + " + std::to_string(c) + ", N - 1)" : std::string("n0"), "wr[" + std::to_string(c) + "]",
+                split ? "wd[" + std::to_string(c) + "]" : "");
   k << "    const int2* x8 = xq + row * (K / 8);\n    const float* x1 = xd + row * nb;\n"
     << "    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};\n"
     << "    for (i64 b0 = w * 8 + (lane >> 2); b0 < nb; b0 += 128) {\n"
@@ -1550,12 +1613,17 @@ std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
     << "        if (b < nb) {\n"
     << "          x[u] = __ldg(x8 + b * 4 + j);\n          dx[u] = __ldg(x1 + b);\n"
     << "#pragma unroll\n"
-    << "          for (int c = 0; c < 4; ++c) {\n"
-    << "            const u16* a = (const u16*)(wr[c] + b * 34);\n"
-    << "            dw[u][c] = f16_f32(__ldg(a));\n"
-    << "            q[u][c][0] = (int)__byte_perm(__ldg(a + 1 + 4 * j), __ldg(a + 2 + 4 * j), 0x5410);\n"
-    << "            q[u][c][1] = (int)__byte_perm(__ldg(a + 3 + 4 * j), __ldg(a + 4 + 4 * j), 0x5410);\n"
-    << "          }\n"
+    << "          for (int c = 0; c < 4; ++c) {\n";
+  if (split)  // (a lane's 8 quants in one load)
+    k << "            dw[u][c] = f16_f32(__ldg(wd[c] + b));\n"
+      << "            uint2 v = __ldg((const uint2*)(wr[c] + b * 32) + j);\n"
+      << "            q[u][c][0] = (int)v.x;\n            q[u][c][1] = (int)v.y;\n";
+  else
+    k << "            const u16* a = (const u16*)(wr[c] + b * 34);\n"
+      << "            dw[u][c] = f16_f32(__ldg(a));\n"
+      << "            q[u][c][0] = (int)__byte_perm(__ldg(a + 1 + 4 * j), __ldg(a + 2 + 4 * j), 0x5410);\n"
+      << "            q[u][c][1] = (int)__byte_perm(__ldg(a + 3 + 4 * j), __ldg(a + 4 + 4 * j), 0x5410);\n";
+  k << "          }\n"
     << "        } else {\n"
     << "          x[u] = make_int2(0, 0);\n          dx[u] = 0.0f;\n"
     << "          for (int c = 0; c < 4; ++c) dw[u][c] = 0.0f, q[u][c][0] = q[u][c][1] = 0;\n        }\n      }\n"
@@ -1581,7 +1649,7 @@ std::string Generator::q8_dp4a(const Step& st, const Node& n, int S) {
 // k in steps of one block (32). The quants enter the 16-bit operand exactly (integers below 256); each step's
 // products are scaled by their weight row's block scale as they join the float32 accumulators. The activations are
 // rounded to the compute dtype (as the tensor-core MatMul rounds its operands).
-std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
+std::string Generator::q8_mma(const Step& st, const Node& n, int S, bool split) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
@@ -1601,8 +1669,8 @@ std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
     << "  i64 am = min(m0 + lr, M - 1), nn = min(n0 + lr, N - 1);\n"
     << unravel(av, 0, R - 2, "am")
     << "  i64 abase = " << ViewText{av}.offset(idx) << " + lk;\n"
-    << "  const u8* wr;\n" << q8_row(st, S, "nn", "wr")
-    << "  const u16* wq = (const u16*)wr + 1 + lk / 2;\n"
+    << "  const u8* wr;\n" << (split ? "  const u16* wd;\n" : "") << q8_row(st, S, "nn", "wr", split ? "wd" : "")
+    << "  const u16* wq = (const u16*)wr + " << (split ? "" : "1 + ") << "lk / 2;\n"
     << "  float acc[2][4][4] = {};\n"
     << "  for (i64 kb = 0; kb < K / 32; ++kb) {\n"
     << "    float4 x[4];\n"
@@ -1613,10 +1681,10 @@ std::string Generator::q8_mma(const Step& st, const Node& n, int S) {
     << "      As[lr][lk + 4 * u] = " << cv << "(x[u].x);\n      As[lr][lk + 4 * u + 1] = " << cv << "(x[u].y);\n"
     << "      As[lr][lk + 4 * u + 2] = " << cv << "(x[u].z);\n      As[lr][lk + 4 * u + 3] = " << cv << "(x[u].w);\n"
     << "    }\n"
-    << "    if (lk == 0) Ds[lr] = f16_f32(__ldg((const u16*)wr + kb * 17));\n"
+    << "    if (lk == 0) Ds[lr] = f16_f32(__ldg(" << (split ? "wd + kb" : "(const u16*)wr + kb * 17") << "));\n"
     << "#pragma unroll\n"
     << "    for (int h = 0; h < 8; ++h) {\n"
-    << "      unsigned v = __ldg(wq + kb * 17 + h);\n"
+    << "      unsigned v = __ldg(wq + kb * " << (split ? 16 : 17) << " + h);\n"
     << "      Bs[lr][lk + 2 * h] = " << cv << "((float)(signed char)(v & 255u));\n"
     << "      Bs[lr][lk + 2 * h + 1] = " << cv << "((float)(signed char)(v >> 8));\n    }\n"
     << "    __syncthreads();\n"
@@ -1652,20 +1720,23 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   int R = av.rank;
   DType as = storage(n.inputs[0].node);
   st.variants.clear();
+  bool sp = bb == 34 && split_q8(n);
   if (bb == 34 && m == 1) {
     // QRows: a warp per output through dot_rows, as a MatVec group's Q8_0 member computes it (the group kernel
     // reads the same parameter slice)
-    std::string ob = "ob = " + ViewText{st.views[1]}.offset({"i" + std::to_string(R - 2), "0"});
-    st.variants.push_back({Variant::QRows, add_kernel(warp_rows_kernel(av, as, {DType::U8, "", ob, "", true}, n.dtype))});
+    std::string row = "i" + std::to_string(R - 2);
+    std::string ob = sp ? split_offsets(st.views[1], row, "K", "ob", "obs") : "ob = " + ViewText{st.views[1]}.offset({row, "0"});
+    st.variants.push_back({Variant::QRows, add_kernel(warp_rows_kernel(av, as, {DType::U8, "", ob, "", true, sp ? "obs" : ""},
+                                                                       n.dtype))});
   }
   if (bb == 34) {
     st.prep_fn = q8_quantize(st, n);  // (QDot's first kernel)
-    st.variants.push_back({Variant::QDot, q8_dp4a(st, n, S)});
-    st.variants.push_back({Variant::QMatVec, q8_matvec(st, n, S)});
+    st.variants.push_back({Variant::QDot, q8_dp4a(st, n, S, sp)});
+    st.variants.push_back({Variant::QMatVec, q8_matvec(st, n, S, sp)});
     // Many rows (prefill): cuBLASLt over the weights' dequantisation (one weight; the runtime's blas_plan_q8), timed
     // against our tensor-core kernel
     if ((compute_ == DType::BF16 || compute_ == DType::F16) && m == 1) st.variants.push_back({Variant::Blas, ""});
-    if (compute_ == DType::BF16 || compute_ == DType::F16) st.variants.push_back({Variant::QGemm, q8_mma(st, n, S)});
+    if (compute_ == DType::BF16 || compute_ == DType::F16) st.variants.push_back({Variant::QGemm, q8_mma(st, n, S, sp)});
   }
   Text k;
   k << "extern \"C\" __global__ void NAME" << params(m + 1) << " {\n"
@@ -1675,18 +1746,24 @@ void Generator::qmatmul_step(Step& st, const Node& n, int bb) {
   std::vector<std::string> idx = names("i", 0, R - 2);
   idx.push_back("n");
   idx.push_back("0");
-  k << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n    const u8* w8;\n    i64 wbase;\n";
+  k << "    i64 abase = " << ViewText{av}.offset(idx) << ";\n    const u8* w8;\n    i64 wbase, sbase = 0;\n";
   for (int j = 1; j <= m; ++j) {
     ViewText wv{st.views[j]};
     std::string cond = j < m ? "if (n < p[" + std::to_string(S + j) + "]) " : "";
-    k << "    " << (j > 1 ? "else " : "") << cond << "{ w8 = (const u8*)in" << j << "; wbase = " << wv.off()
-      << " + (n - p[" << S + j - 1 << "]) * " << wv.stride(0) << "; }\n";
+    std::string r = "(n - p[" + std::to_string(S + j - 1) + "])";
+    k << "    " << (j > 1 ? "else " : "") << cond << "{ w8 = (const u8*)in" << j << "; "
+      << (sp ? split_offsets(st.views[size_t(j)], r, "p[2]", "wbase", "sbase")
+             : "wbase = " + wv.off() + " + " + r + " * " + wv.stride(0)) << "; }\n";
   }
   k << "    float acc = 0.0f;\n"
-    << "    for (i64 b = lane; b < p[2] / 32; b += 32) {\n"
-    << "      const u8* q = w8 + wbase + b * " << bb << ";\n"
-    << "      float d = f16_f32((u16)(q[0] | (q[1] << 8)));\n"
-    << "      float s = 0.0f;\n";
+    << "    for (i64 b = lane; b < p[2] / 32; b += 32) {\n";
+  if (sp)  // (split: the block's quants at wbase + 32 b, its scale at sbase + 2 b; q[2 + j] below is quant j)
+    k << "      const u8* q = w8 + wbase + b * 32 - 2;\n"
+      << "      float d = f16_f32(((const u16*)(w8 + sbase))[b]);\n";
+  else
+    k << "      const u8* q = w8 + wbase + b * " << bb << ";\n"
+      << "      float d = f16_f32((u16)(q[0] | (q[1] << 8)));\n";
+  k << "      float s = 0.0f;\n";
   std::string a = "ld_" + std::string(dtype_name(as)) + "(in0, abase + b * 32 + ";
   if (bb == 34) {
     k << "      for (int j = 0; j < 32; ++j) s += (float)(signed char)q[2 + j] * " << a << "j);\n"
@@ -2750,40 +2827,54 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
                        " * " + std::to_string(256 * U) + ", kb_ = min(K, sl_ * kc_), ke_ = min(K, kb_ + kc_);\n";
     for (int j = 0; j < c; ++j) {
       // (Float members are not prefetched: with their rows prefetched too the H100's 8B decode ran slower.)
-      if (!op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node))) continue;
+      const Node& qn = g_.node(cs[ms[size_t(j)]].node);
+      if (!op_as<QMatMulOp>(qn)) continue;
+      bool sp = split_q8(qn);  // (split: the quants' row; its scales are a sixteenth of it)
       for (int half = 0; half < (pair ? 2 : 1); ++half) {
         pre << "    { const i64* p = P" << m0 + j << ";" << (half ? " i64 r = rq;\n" : "\n")
             << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
-        std::string off = ViewText{steps[ms[size_t(j)]].views[1]}.offset({"i" + std::to_string(R - 2), "0"});
+        std::string row = "i" + std::to_string(R - 2);
+        std::string off = sp ? row + " * p[2]" : ViewText{steps[ms[size_t(j)]].views[1]}.offset({row, "0"});
+        std::string per = sp ? "" : " / 32 * 34";
         if (split > 1)
-          pre << "    i64 K = p[2];\n" << part << "    prefetch_l2(W" << m0 + j << ", " << off
-              << " + kb_ / 32 * 34, (ke_ - kb_) / 32 * 34, lane); }\n";
+          pre << "    i64 K = p[2];\n" << part << "    prefetch_l2(W" << m0 + j << ", " << off << " + kb_" << per
+              << ", (ke_ - kb_)" << per << ", lane); }\n";
         else
-          pre << "    prefetch_l2(W" << m0 + j << ", " << off << ", p[2] / 32 * 34, lane); }\n";
+          pre << "    prefetch_l2(W" << m0 + j << ", " << off << ", p[2]" << per << ", lane); }\n";
       }
     }
+    // (a split Q8_0 weight's rows: their quants at ob<j>, their scales at os<j>)
+    auto split_of = [&](int j) { return split_q8(g_.node(cs[ms[size_t(j)]].node)); };
     body << "    i64 oa = 0";
-    for (int j = 0; j < c; ++j) body << ", ob" << m0 + j << " = 0" << (pair ? ", ob" + std::to_string(m0 + j) + "_1 = 0" : "");
+    for (int j = 0; j < c; ++j) {
+      std::string J = std::to_string(m0 + j);
+      body << ", ob" << J << " = 0" << (pair ? ", ob" + J + "_1 = 0" : "");
+      if (split_of(j)) body << ", os" << J << " = 0" << (pair ? ", os" + J + "_1 = 0" : "");
+    }
     body << ";\n";
     for (int j = 0; j < c; ++j) {
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
+      std::string J = std::to_string(m0 + j), row = idx[size_t(R - 2)];
       body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
       if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
       bool q8 = op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr;  // (its weight: packed rows [N, bytes])
-      body << "    ob" << m0 + j << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{idx[size_t(R - 2)], "0"} : idx)
-           << "; }\n";
-      if (pair)
-        body << "    { const i64* p = P" << m0 + j << "; i64 r = rq;\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r")
-             << "    ob" << m0 + j << "_1 = " << ViewText{bv}.offset({idx[size_t(R - 2)], "0"}) << "; }\n";
+      if (split_of(j)) body << "    " << split_offsets(bv, row, "p[2]", "ob" + J, "os" + J) << "; }\n";
+      else body << "    ob" << J << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{row, "0"} : idx) << "; }\n";
+      if (pair) {
+        body << "    { const i64* p = P" << m0 + j << "; i64 r = rq;\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
+        if (split_of(j)) body << "    " << split_offsets(bv, row, "p[2]", "ob" + J + "_1", "os" + J + "_1") << "; }\n";
+        else body << "    ob" << J << "_1 = " << ViewText{bv}.offset({row, "0"}) << "; }\n";
+      }
     }
     std::vector<DotOperand> ws;
     for (int j = 0; j < c; ++j)
       ws.push_back({storage(g_.node(cs[ms[size_t(j)]].node).inputs[1].node), "W" + std::to_string(m0 + j),
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j),
-                    op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr});
+                    op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr,
+                    split_of(j) ? "os" + std::to_string(m0 + j) : ""});
     for (int j = 0; pair && j < c; ++j)
       ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
-                    "acc" + std::to_string(m0 + j) + "_1", true});
+                    "acc" + std::to_string(m0 + j) + "_1", true, split_of(j) ? "os" + std::to_string(m0 + j) + "_1" : ""});
     // (with a prologue, the activations computed in the loop, then the products scaled by the row's scalar)
     body << "    i64 K = P" << m0 << "[2];\n" << pro.init;
     if (split > 1) {
@@ -2899,6 +2990,47 @@ std::string Generator::batch_kernel(const Group& G) {
                     "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
 }
 
+// Q8_0 weights stored split (q8_layout.h: the quants' rows, then the scales'), so that a lane reads its 8 quants in
+// one 8-byte load (34-byte blocks allow only 2-byte ones) and they meet the activations by __dp4a: the graph's inputs
+// read only as whole weights of Q8_0 products (the runtime splits their arrays when it runs), and all of a product's
+// weights or none (its kernels read one layout). LUMINAL_CUDA_Q8_SPLIT=0: none (comparison).
+void Generator::choose_q8_split() {
+  split_.assign(g_.size(), 0);
+  const char* e = std::getenv("LUMINAL_CUDA_Q8_SPLIT");
+  if (e && std::string(e) == "0") return;
+  for (const luminal::Step& s : mod_.sched.steps) {
+    const Node& n = g_.node(s.node);
+    if (s.kind == luminal::Step::Input && n.dtype == DType::U8 && n.shape.size() == 2 && n.shape[0].is_const() &&
+        n.shape[1].is_const() && n.shape[1].as_const() % 34 == 0)
+      split_[size_t(s.node)] = 1;
+  }
+  auto q8 = [&](const Node& n) {
+    const QMatMulOp* q = op_as<QMatMulOp>(n);
+    return q && format_info(q->format).block_bytes == 34;
+  };
+  for (size_t id = 0; id < g_.size(); ++id) {
+    const Node& n = g_.node(int64_t(id));
+    for (size_t j = 0; j < n.inputs.size(); ++j) {
+      const Edge& in = n.inputs[j];
+      if (split_[size_t(in.node)] && !(q8(n) && j >= 1 && in.view.is_contiguous() && in.view.shape == g_.node(in.node).shape))
+        split_[size_t(in.node)] = 0;
+    }
+  }
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t id = 0; id < g_.size(); ++id) {
+      const Node& n = g_.node(int64_t(id));
+      if (!q8(n)) continue;
+      bool all = true;
+      for (size_t j = 1; j < n.inputs.size(); ++j) all = all && split_[size_t(n.inputs[j].node)];
+      for (size_t j = 1; j < n.inputs.size() && !all; ++j)
+        if (split_[size_t(n.inputs[j].node)]) split_[size_t(n.inputs[j].node)] = 0, changed = true;
+    }
+  }
+  for (size_t id = 0; id < g_.size(); ++id)
+    if (split_[id]) mod_.q8_split.push_back(int64_t(id));
+}
+
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
   ScheduleOptions so{compute_, /*groups=*/true, host_fallback_};
@@ -2908,6 +3040,7 @@ Module Generator::run() {
   so.prologues = pe && std::string(pe) == "1";
   mod_.sched = make_schedule(g_, so);
   mod_.compute = compute_;
+  choose_q8_split();
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
   mod_.steps.resize(cs.size());

@@ -107,6 +107,8 @@ struct Module {
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device
   DType compute = DType::F32;     // generate's `compute` (what the tensor-core variants round operands to)
+  // Input nodes of Q8_0 weights the kernels read stored split (q8_layout.h): the runtime splits their arrays
+  std::vector<int64_t> q8_split;
 };
 
 // The helpers every generated module starts with (loads, stores, rounding per dtype).

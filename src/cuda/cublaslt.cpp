@@ -224,17 +224,17 @@ std::string copy_source(DType from, DType to) {
          "(in, o + k));\n"
          "  }\n#endif\n}\n";
 }
-// Q8_0 rows (34-byte blocks: an f16 scale, then 32 int8 quants; rows `ld` bytes apart, 2-byte aligned) dequantised
-// into contiguous rows of K values in a 16-bit dtype: a thread per block, its values scale * quant rounded once, as
-// they are stored (16-byte stores).
+// Q8_0 rows (34-byte blocks: an f16 scale, then 32 int8 quants; rows `ld` bytes apart, 2-byte aligned; ld 0: the
+// whole weight stored split, see q8_layout.h) dequantised into contiguous rows of K values in a 16-bit dtype: a
+// thread per block, its values scale * quant rounded once, as they are stored (16-byte stores).
 std::string q8_source(DType to) {
   std::string t = dtype_name(to);
   return "extern \"C\" __global__ void q8_rows(i64 rows, i64 K, i64 ld, const void* in, void* out) {\n"
          "  i64 nb = K / 32;\n"
          "  for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < rows * nb; i += (i64)gridDim.x * blockDim.x) {\n"
          "    i64 row = i / nb, b = i - row * nb;\n"
-         "    const u16* q = (const u16*)((const u8*)in + row * ld + b * 34);\n"
-         "    float d = f16_f32(q[0]);\n"
+         "    const u16* q = ld ? (const u16*)((const u8*)in + row * ld + b * 34) : (const u16*)((const u8*)in + row * K + b * 32) - 1;\n"
+         "    float d = f16_f32(ld ? q[0] : ((const u16*)((const u8*)in + rows * K))[i]);\n"
          "    uint4* o = (uint4*)((u16*)out + row * K + b * 32);\n"
          "#pragma unroll\n"
          "    for (int j = 0; j < 4; ++j) {\n"
@@ -254,20 +254,6 @@ std::string q8_source(DType to) {
 std::mutex copy_mu;
 std::map<std::pair<int, int>, std::pair<CUfunction, CUfunction>> copy_loaded;
 std::map<int, CUfunction> q8_loaded;
-// The copy kernels' module of `source` (after the prelude) compiled for this device and loaded, and its function
-// `name`s, in order.
-std::vector<CUfunction> load_fns(const std::string& source, std::initializer_list<const char*> names) {
-  const Device& dev = device();
-  std::string cubin = compile_cubin(std::string(prelude()) + source, dev.major * 10 + dev.minor);
-  CUmodule mod;
-  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", *names.begin());
-  std::vector<CUfunction> fns;
-  for (const char* name : names) {
-    fns.emplace_back();
-    check(driver().cuModuleGetFunction(&fns.back(), mod, name), "cuModuleGetFunction", name);
-  }
-  return fns;
-}
 CUfunction q8_fn(DType to) {
   std::lock_guard<std::mutex> l(copy_mu);
   auto it = q8_loaded.find(int(to));
@@ -286,7 +272,7 @@ std::pair<CUfunction, CUfunction> copy_fns(DType from, DType to) {
 void copy_side(const BlasGemm::Side& s, DType to, CUdeviceptr in, CUdeviceptr out, CUstream stream) {
   in += CUdeviceptr(s.offset * int64_t(dtype_size(s.dtype)));  // (the kernel's offsets then start at 0)
   if (s.q8_ld > 0) {
-    int64_t rows = s.shape[0], K = s.shape[1], ld = s.q8_ld;
+    int64_t rows = s.shape[0], K = s.shape[1], ld = s.q8_split ? 0 : s.q8_ld;
     int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows * (K / 32) + 255) / 256, int64_t(device().sms) * 32));
     void* args[] = {&rows, &K, &ld, &in, &out};
     check(driver().cuLaunchKernel(q8_fn(to), unsigned(blocks), 1, 1, 256, 1, 1, 0, stream, args, nullptr),
@@ -448,6 +434,21 @@ const Prepared& prepare(const BlasGemm& g, CUdeviceptr pa, CUdeviceptr pb, unsig
 
 }  // namespace
 
+// The copy kernels' module of `source` (after the prelude) compiled for this device and loaded, and its function
+// `name`s, in order.
+std::vector<CUfunction> load_fns(const std::string& source, std::initializer_list<const char*> names) {
+  const Device& dev = device();
+  std::string cubin = compile_cubin(std::string(prelude()) + source, dev.major * 10 + dev.minor);
+  CUmodule mod;
+  check(driver().cuModuleLoadData(&mod, cubin.data()), "cuModuleLoadData", *names.begin());
+  std::vector<CUfunction> fns;
+  for (const char* name : names) {
+    fns.emplace_back();
+    check(driver().cuModuleGetFunction(&fns.back(), mod, name), "cuModuleGetFunction", name);
+  }
+  return fns;
+}
+
 void set_cublas_dirs(const std::vector<std::string>& d) {
   std::lock_guard<std::mutex> l(mu);
   dirs = d;
@@ -549,12 +550,13 @@ bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs,
 }
 
 bool blas_plan_q8(const ConcreteView& a, const ConcreteView& w, int64_t N, int64_t K, DType as, DType out,
-                  DType compute, BlasGemm* g) {
+                  DType compute, bool split, BlasGemm* g) {
   // The left operand as blas_plan takes it, against a stand-in right view of the weights' dequantisation (a
   // contiguous [N, K] shared by every batch and row), then the right side made the Q8_0 copy.
   size_t r = a.shape.size();
   if (w.shape.size() != 2 || w.masked || K % 32 || w.shape[0] != N || w.shape[1] != K / 32 * 34 || w.strides[1] != 1 ||
-      w.offset % 2 || w.strides[0] % 2 || r < 3 || a.shape[r - 2] != N || a.shape[r - 1] != K)
+      w.offset % 2 || w.strides[0] % 2 || r < 3 || a.shape[r - 2] != N || a.shape[r - 1] != K ||
+      (split && (w.offset != 0 || w.strides[0] != K / 32 * 34)))  // (split: the whole weight, see q8_layout.h)
     return false;
   ConcreteView b = a;
   for (size_t d = 0; d < r; ++d) b.strides[d] = 0;
@@ -565,6 +567,7 @@ bool blas_plan_q8(const ConcreteView& a, const ConcreteView& w, int64_t N, int64
   s.dtype = DType::U8;
   s.offset = w.offset;
   s.q8_ld = w.strides[0];
+  s.q8_split = split;
   s.shape = {N, K};
   s.strides = {K, 1};
   // (blas_plan read the stand-in in place: the copy goes after the left side's, if any)

@@ -9,6 +9,7 @@
 // the tensor-core kernels do while staging).
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct BlasGemm {
     size_t ws_offset = 0;                 // copy: where in the workspace
     int64_t q8_ld = 0;                    // > 0: Q8_0 rows [rows, K] `q8_ld` bytes apart from byte `offset`,
                                           // dequantised into the copy (dtype U8: the packed bytes)
+    bool q8_split = false;                // ... the whole weight stored split (q8_layout.h)
   } a, b;
   size_t ws_bytes = 0;  // workspace: the copies, then cuBLASLt's own scratch
 };
@@ -49,9 +51,10 @@ bool blas_plan(const ConcreteView& a, const ConcreteView& b, DType as, DType bs,
                BlasGemm* g);
 // The same for a product whose right operand is Q8_0 weight rows (a QMatMul over one weight, `w` its view of the
 // packed rows [N, K / 32 * 34]): cuBLASLt then reads their dequantisation (blas_q8_source), made in the workspace by
-// each run. `N`, `K`: the weights' shape. Needs 2-byte aligned rows.
+// each run. `N`, `K`: the weights' shape. Needs 2-byte aligned rows. `split`: the whole weight, stored split
+// (q8_layout.h).
 bool blas_plan_q8(const ConcreteView& a, const ConcreteView& w, int64_t N, int64_t K, DType as, DType out,
-                  DType compute, BlasGemm* g);
+                  DType compute, bool split, BlasGemm* g);
 // The copy of a side into the workspace, as blas_run launches it (exposed with its kernel's source for tests without a
 // GPU): the view's axes that line up merged (a contiguous view is one row), then 8 elements a thread with 16-byte
 // loads and stores (copy_rows8) where k has unit stride and every row starts 16-byte aligned, else an element a
@@ -67,6 +70,9 @@ BlasCopy blas_copy_layout(const std::vector<int64_t>& shape, const std::vector<i
                           DType from, int sms);
 std::string blas_copy_source(DType from, DType to);  // copy_rows and copy_rows8 (NVRTC source, prelude first)
 std::string blas_q8_source(DType to);  // q8_rows: Q8_0 rows dequantised into contiguous rows (NVRTC source, prelude first)
+// A module of `source` (after the prelude) compiled for this device and loaded: its functions `names`, in order (the
+// runtime's own small kernels: copies, Q8_0 layouts).
+std::vector<CUfunction> load_fns(const std::string& source, std::initializer_list<const char*> names);
 // Runs it on `stream` (a's and b's buffers and the output; `ws`: at least g.ws_bytes). Raises CudaError naming the
 // failing call and its status. `a_copied`: a's copy is in the workspace already (the caller knows it unchanged).
 // `c` (float32 output only): out = a.b + c, where c has out's layout and is out itself or apart from it (cuBLASLt's

@@ -1,4 +1,5 @@
 #include "cuda/runtime.h"
+#include "cuda/q8_layout.h"
 
 #include <algorithm>
 #include <array>
@@ -245,6 +246,16 @@ void download(const DeviceArray& a, void* host) {
   set_context();
   size_t n = a.nbytes();
   if (!n) return;
+  if (a.buf->q8_split_k) {  // (Q8_0 weights a graph holds split: read back as given, GGUF blocks)
+    std::vector<uint8_t> split(n);
+    DeviceArray raw = a;
+    raw.buf = std::make_shared<DeviceBuffer>(a.buf->ptr, a.buf->bytes);
+    raw.buf->owner = a.buf;  // (borrowed: never returned to the pool)
+    raw.buf->fence = a.buf->fence;
+    download(raw, split.data());
+    q8_join_host(split.data(), static_cast<uint8_t*>(host), a.buf->q8_split_rows, a.buf->q8_split_k);
+    return;
+  }
   std::shared_ptr<Fence> fence = a.buf->fence;
   if (fence) fence->wait();
   CUstream stream = fence ? read_stream() : nullptr;
@@ -266,6 +277,9 @@ void download(const DeviceArray& a, void* host) {
 
 DeviceArray convert(const DeviceArray& a, DType to) {
   if (a.dtype == to) return a;
+  if (a.buf && a.buf->q8_split_k)
+    throw std::invalid_argument("this uint8 array holds Q8_0 weights that a compiled graph reads rearranged on the "
+                                "GPU; read it back with numpy() to convert it");
   DeviceArray out;
   out.dtype = to;
   out.shape = a.shape;
@@ -504,8 +518,10 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       const ConcreteView &a = cv[0], &w = cv[1];
       size_t r = a.shape.size();
       int64_t N = p[3], u = 16 / int64_t(dtype_size(s_.storage()[size_t(g_.node(cs.node).inputs[0].node)]));
-      if (N == 0 || out_n != N || a.offset % u || p[2] % u || w.offset % 2 || w.strides[0] % 2 ||
-          plan_.numel(g_.node(cs.node).inputs[1].node) % 4)
+      int64_t wn = g_.node(cs.node).inputs[1].node;
+      bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), wn);  // (8-byte quant loads)
+      if (N == 0 || out_n != N || a.offset % u || p[2] % u ||
+          (!split && (w.offset % 2 || w.strides[0] % 2 || plan_.numel(wn) % 4)))
         return false;
       for (size_t d = 0; d + 1 < r; ++d)
         if (a.strides[d] % u && a.shape[d] != 1) return false;
@@ -554,7 +570,9 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       if (op_as<QMatMulOp>(n)) {  // (Q8_0 weights: cuBLASLt over their dequantisation, see blas_plan_q8)
         int64_t N = p[3], K = p[2];
         if (out_n == 0 || N == 0 || out_n / N < gemm_min_rows() || gemm_forced() == 'o') return false;
-        return blas_plan_q8(a, cv[1], N, K, s_.storage()[size_t(n.inputs[0].node)], n.dtype, s_.compute, &L_.blas[i]);
+        bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), n.inputs[1].node);
+        return blas_plan_q8(a, cv[1], N, K, s_.storage()[size_t(n.inputs[0].node)], n.dtype, s_.compute, split,
+                            &L_.blas[i]);
       }
       if (out_n == 0 || r < 3 || weight_rows(a, cv[1]) < gemm_min_rows() || gemm_forced() == 'o') return false;
       return blas_plan(a, cv[1], s_.storage()[size_t(n.inputs[0].node)], s_.storage()[size_t(n.inputs[1].node)],
@@ -1372,6 +1390,32 @@ void Runtime::plan_ahead(const Bindings& dims) {
   }
 }
 
+// Input `id`'s memory in the layout its kernels read: Q8_0 weights the module reads split (Module::q8_split) are
+// split in place the first time (a buffer the caller owns; borrowed memory gets a split copy, made again every run,
+// since its owner may change it); an array another module split is joined back for kernels reading GGUF blocks.
+CUdeviceptr Runtime::q8_layout_of(int64_t id, const DeviceArray& a) {
+  DeviceBuffer& b = *a.buf;
+  bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), id);
+  if (!split) {
+    if (b.q8_split_k) q8_store_joined(b);
+    return b.ptr;
+  }
+  int64_t N = a.shape[0], K = a.shape[1] / 34 * 32;
+  if (b.q8_split_k) return b.ptr;
+  if (!b.owner) {
+    q8_store_split(b, N, K);
+    return b.ptr;
+  }
+  if (!split_copies_.count(id))  // (loud: a copy per run is the slow way to give the weights)
+    std::fprintf(stderr,
+                 "luminal: Q8_0 weight '%s' is memory borrowed from torch (from_torch(copy=False)); its kernels read it "
+                 "rearranged, so each run rearranges a copy of it. from_torch(t) (a copy) is rearranged once.\n",
+                 g_.node(id).name.c_str());
+  std::shared_ptr<DeviceBuffer>& c = split_copies_[id];
+  c = q8_split_copy(b.ptr, N, K);
+  return c->ptr;
+}
+
 std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<int64_t, DeviceArray>& inputs,
                                                       const Bindings& dims, const std::vector<int64_t>& donated,
                                                       bool wait) {
@@ -1444,7 +1488,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           throw std::invalid_argument("input '" + n.name + "' (node " + std::to_string(id) + ") has no data: call set() on it");
         if (it->second.shape != plan.shape(id) || it->second.dtype != s_.storage()[size_t(id)])
           throw std::invalid_argument("input '" + n.name + "' holds data of the wrong shape or dtype");
-        ptr[id] = it->second.buf->ptr;
+        ptr[id] = q8_layout_of(id, it->second);
         break;
       }
       case luminal::Step::Constant:

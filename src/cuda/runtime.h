@@ -42,6 +42,8 @@ struct DeviceBuffer {
   // Set for memory luminal borrows (a torch tensor's, through from_torch): kept alive while the buffer lives, and
   // the pointer is never returned to the pool.
   std::shared_ptr<void> owner;
+  // Q8_0 weights of N rows and K columns held split (q8_layout.h), as a compiled graph's kernels read them; 0: as given
+  int64_t q8_split_rows = 0, q8_split_k = 0;
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   DeviceBuffer(CUdeviceptr p, size_t b) : ptr(p), bytes(b) {}
@@ -111,6 +113,8 @@ class Runtime {
   };
   const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }
   void configure(size_t i);  // step i's parameter slice, variant and launch, from the plan
+  CUdeviceptr q8_layout_of(int64_t id, const DeviceArray& a);  // input id's memory as its kernels read it
+  std::unordered_map<int64_t, std::shared_ptr<DeviceBuffer>> split_copies_;  // (borrowed Q8_0 inputs, split)
   bool applies(const Variant& v, const std::vector<ConcreteView>& cv, int64_t out_n, int64_t* p, size_t i);
   std::vector<ConcreteView> views_;  // (configure's scratch)
   void add_producer(size_t step, std::vector<CUdeviceptr>& args) const;
