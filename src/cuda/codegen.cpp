@@ -2854,16 +2854,17 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     body << ";\n";
     for (int j = 0; j < c; ++j) {
       const ViewSlot& bv = steps[ms[size_t(j)]].views[1];
-      std::string J = std::to_string(m0 + j), row = idx[size_t(R - 2)];
+      std::string J = std::to_string(m0 + j);
       body << "    { const i64* p = P" << m0 + j << ";\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
       if (j == 0) body << "    oa = " << ViewText{av}.offset(idx) << ";\n";
       bool q8 = op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr;  // (its weight: packed rows [N, bytes])
-      if (split_of(j)) body << "    " << split_offsets(bv, row, "p[2]", "ob" + J, "os" + J) << "; }\n";
-      else body << "    ob" << J << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{row, "0"} : idx) << "; }\n";
+      auto row = [&] { return idx[size_t(R - 2)]; };  // (a Q8_0 weight's row: R >= 2)
+      if (split_of(j)) body << "    " << split_offsets(bv, row(), "p[2]", "ob" + J, "os" + J) << "; }\n";
+      else body << "    ob" << J << " = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{row(), "0"} : idx) << "; }\n";
       if (pair) {
         body << "    { const i64* p = P" << m0 + j << "; i64 r = rq;\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
-        if (split_of(j)) body << "    " << split_offsets(bv, row, "p[2]", "ob" + J + "_1", "os" + J + "_1") << "; }\n";
-        else body << "    ob" << J << "_1 = " << ViewText{bv}.offset({row, "0"}) << "; }\n";
+        if (split_of(j)) body << "    " << split_offsets(bv, row(), "p[2]", "ob" + J + "_1", "os" + J + "_1") << "; }\n";
+        else body << "    ob" << J << "_1 = " << ViewText{bv}.offset({row(), "0"}) << "; }\n";
       }
     }
     std::vector<DotOperand> ws;
@@ -3008,8 +3009,9 @@ void Generator::choose_q8_split() {
     const QMatMulOp* q = op_as<QMatMulOp>(n);
     return q && format_info(q->format).block_bytes == 34;
   };
-  for (size_t id = 0; id < g_.size(); ++id) {
-    const Node& n = g_.node(int64_t(id));
+  const std::vector<int64_t> alive = g_.topo_order();  // (the consumers: removed nodes are not)
+  for (int64_t id : alive) {
+    const Node& n = g_.node(id);
     for (size_t j = 0; j < n.inputs.size(); ++j) {
       const Edge& in = n.inputs[j];
       if (split_[size_t(in.node)] && !(q8(n) && j >= 1 && in.view.is_contiguous() && in.view.shape == g_.node(in.node).shape))
@@ -3018,8 +3020,8 @@ void Generator::choose_q8_split() {
   }
   for (bool changed = true; changed;) {
     changed = false;
-    for (size_t id = 0; id < g_.size(); ++id) {
-      const Node& n = g_.node(int64_t(id));
+    for (int64_t id : alive) {
+      const Node& n = g_.node(id);
       if (!q8(n)) continue;
       bool all = true;
       for (size_t j = 1; j < n.inputs.size(); ++j) all = all && split_[size_t(n.inputs[j].node)];
