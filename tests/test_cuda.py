@@ -599,3 +599,15 @@ def test_element_loop_setting_is_checked(monkeypatch):
     (cx.tensor((4, 4)) * 2.0).output()
     with pytest.raises(ValueError, match="LUMINAL_CUDA_ELEMENTS must be 1, 2 or 4"):
         cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32", device=None))
+
+
+def test_split_warps_setting_is_checked(monkeypatch):
+    """LUMINAL_CUDA_SPLIT_WARPS (a matrix-vector group's warps per row) must be an integer: a typo raises, naming it,
+    rather than reading as 0 (never split)."""
+    monkeypatch.setenv("LUMINAL_CUDA_SPLIT_WARPS", "4k")
+    cx = lm.Graph()
+    x = cx.tensor((1, 64), name="x")
+    (x @ cx.tensor((32, 64), name="a").T).output()
+    (x @ cx.tensor((16, 64), name="b").T).output()
+    with pytest.raises(ValueError, match="LUMINAL_CUDA_SPLIT_WARPS must be an integer, got '4k'"):
+        cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32", device=None))

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <functional>
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -581,7 +582,12 @@ std::optional<SoftmaxForm> softmax_form(const Program& pr) {
 
 int env_int(const char* name, int fallback) {
   const char* e = std::getenv(name);
-  return e && *e ? std::atoi(e) : fallback;
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(e, &end, 10);
+  if (*end || v < INT_MIN || v > INT_MAX)
+    throw std::invalid_argument(std::string(name) + " must be an integer, got '" + e + "'");
+  return int(v);
 }
 
 class Generator {
