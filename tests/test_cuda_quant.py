@@ -4,8 +4,10 @@ few rows (decode: `qdot`, int8 activations and __dp4a, else `qgemv`, float32) an
 dequantised weights (`qdot`: with the activations quantised as the kernel does, so the check stays tight). On the `cuda` backend each test
 also asserts (through LUMINAL_PROFILE's per-kernel lines) which kernel ran; `cuda-nvrtc` compiles every kernel
 without a GPU (its values come from the CPU kernels, which quantise decode activations: a loose check). Q8_0
-products of one row in a matrix-vector group (`qrows`: float activations, the quants unpacked in registers) are
-checked on the GPU and, kernels printed and run as C++, on the host (cuda_host.py)."""
+products of one row in a matrix-vector group (`qrows`: over whole weights stored split, int8 activations quantised in
+the loop and __dp4a; over weights read through a view, float activations and the quants unpacked in registers) are
+checked on the GPU and, kernels printed and run as C++, on the host (cuda_host.py), as is the split layout's round
+trip."""
 from __future__ import annotations
 
 import re
@@ -42,16 +44,13 @@ def kernel_of(qtype: str, rows: int, dtype: str) -> str:
     return "qmma" if dtype != "float32" else "warps"
 
 
-
-
-
-
 def is_split(g, comp, name):
     """Whether the kernels of `comp` read input `name` split (Module::q8_split)."""
     return any(g.node(i).name == name for i in comp.schedule.q8_split)
 
 
 def cuda_of(comps):
+    """The CudaCompiler among a backend's compilers."""
     return next(c for c in comps if isinstance(c, lm.CudaCompiler))
 
 

@@ -379,8 +379,10 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
   return t.str();
 }
 
-// dot_rows with Q8_0 operands (and float ones): the quants unpacked in registers against the same float activations
-// (no quantising kernel; float32 sums). Lane l's 8 elements of a step are quarter l & 3 of its block l / 4. Q8_0
+// dot_rows with Q8_0 operands (and float ones). Lane l's 8 elements of a step are quarter l & 3 of its block l / 4.
+// Operands stored split (q8_layout.h): the lane's 8 quants in one 8-byte load and its block's scale, against its 8
+// activations quantised in registers (q8_quantize8, once per step for all such operands), by two __dp4a. Operands
+// as GGUF blocks: the quants unpacked in registers against the same float activations (float32 sums). Q8_0 block
 // rows are only 2-byte aligned (34-byte blocks), so a lane loads the 3 aligned words that cover the 2 bytes before
 // its quants and the quants: the block's first lane has the block's scale there, and shuffles it to the other 3.
 // A lane's alignment is its block's parity, the same at every step: worked out once (qs, 0 or 16: the bits its
