@@ -348,6 +348,8 @@ struct DotOperand {
   std::string ptr, off, acc;
   bool q8 = false;    // Q8_0 blocks: `off` is the packed row's first byte
   std::string soff;   // Q8_0 stored split (q8_layout.h): `off` is the row's first quant, `soff` its first scale's byte
+  bool blocks() const { return q8 && soff.empty(); }  // Q8_0 as GGUF blocks
+  bool split() const { return q8 && !soff.empty(); }  // Q8_0 stored split
 };
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke);
@@ -424,10 +426,10 @@ std::string merge_ranges(const std::string& wr, const std::string& col, const st
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke) {
   Text t;
-  bool any_split = std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return !w.soff.empty(); });
+  bool any_split = std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.split(); });
   for (auto& w : ws) {
     t << "    float " << w.acc << " = 0.0f;\n";
-    if (w.q8 && w.soff.empty())
+    if (w.blocks())
       t << "    const u8* qb_" << w.acc << " = (const u8*)" << w.ptr << " + " << w.off
         << " + (lane >> 2) * 34 + (lane & 3) * 8;\n"
         << "    unsigned qs_" << w.acc << " = 8u * ((unsigned)(size_t)qb_" << w.acc << " & 2u), qh_" << w.acc
@@ -441,13 +443,13 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
       if (!w.q8) s << ", b_" << w.acc << "[" << U << "][8]";
     s << ";\n";
     for (auto& w : ws)
-      if (w.q8 && w.soff.empty()) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
+      if (w.blocks()) s << "      unsigned b_" << w.acc << "[" << U << "][3];\n";
       else if (w.q8) s << "      uint2 b_" << w.acc << "[" << U << "];\n      u16 d_" << w.acc << "[" << U << "];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
     if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
     if (!act) s << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
     for (auto& w : ws) {
-      if (w.q8 && !w.soff.empty())  // (8 quants: one 8-byte load; the block's scale, the same for its 4 lanes)
+      if (w.split())  // (8 quants: one 8-byte load; the block's scale, the same for its 4 lanes)
         s << "          b_" << w.acc << "[u] = ld_stream8((const u8*)" << w.ptr << " + " << w.off << " + k0 + u * 256);\n"
           << "          d_" << w.acc << "[u] = __ldg((const u16*)((const u8*)" << w.ptr << " + " << w.soff
           << ") + ((k0 + u * 256) >> 5));\n";
@@ -463,7 +465,7 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     if (checked) {
       s << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
       for (auto& w : ws)
-        if (w.q8 && !w.soff.empty()) s << "          b_" << w.acc << "[u] = make_uint2(0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
+        if (w.split()) s << "          b_" << w.acc << "[u] = make_uint2(0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
         else if (w.q8) s << "          b_" << w.acc << "[u][0] = b_" << w.acc << "[u][1] = b_" << w.acc << "[u][2] = 0u;\n";
         else s << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
       s << "        }\n";
@@ -476,12 +478,12 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     if (any_split)
       s << "        { unsigned xq_[2]; float dx_;\n          q8_quantize8(a[u], xq_, dx_);\n";
     for (auto& w : ws)
-      if (w.q8 && !w.soff.empty())
+      if (w.split())
         s << "          " << w.acc << " += (float)__dp4a((int)b_" << w.acc << "[u].y, (int)xq_[1], __dp4a((int)b_" << w.acc
           << "[u].x, (int)xq_[0], 0)) * (f16_f32(d_" << w.acc << "[u]) * dx_);\n";
     if (any_split) s << "        }\n";
     for (auto& w : ws) {
-      if (!w.q8 || !w.soff.empty()) continue;
+      if (!w.blocks()) continue;
       std::string b = "b_" + w.acc + "[u]", sh = "16u + qs_" + w.acc;
       // Each quant byte (XOR 0x80: q + 128) under the exponent bits of 2^23 is the float 2^23 + q + 128 (a byte
       // permute instead of an int-to-float conversion), less 2^23 + 128.
@@ -1465,8 +1467,8 @@ std::string Generator::q8_row(const Step& st, int S, const std::string& nn, cons
     if (sptr.empty())
       t += "{ " + ptr + " = " + in + " + " + wv.off() + " + " + r + " * " + wv.stride(0) + "; }";
     else
-      t += "{ " + ptr + " = " + in + " + " + r + " * p[2]; " + sptr + " = (const u16*)(" + in + " + " + wv.shape(0) +
-           " * p[2]) + " + r + " * (p[2] / 32); }";
+      t += "{ i64 " + split_offsets(st.views[size_t(j)], r, "p[2]", "q_", "s_") + "; " + ptr + " = " + in + " + q_; " +
+           sptr + " = (const u16*)(" + in + " + s_); }";
   }
   return t + "\n";
 }

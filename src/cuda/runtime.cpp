@@ -242,26 +242,15 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
 // it keep the device busy meanwhile; an array no run wrote (an upload) is read behind everything queued. Reads up
 // to 16 MiB (a decode step's token or logits) go through one page-locked staging buffer: the device writes it at
 // full PCIe speed and a memcpy moves it on, where a copy into pageable memory is staged by the driver in pieces.
-void download(const DeviceArray& a, void* host) {
-  set_context();
-  size_t n = a.nbytes();
-  if (!n) return;
-  if (a.buf->q8_split_k) {  // (Q8_0 weights a graph holds split: read back as given, GGUF blocks)
-    std::vector<uint8_t> split(n);
-    DeviceArray raw = a;
-    raw.buf = std::make_shared<DeviceBuffer>(a.buf->ptr, a.buf->bytes);
-    raw.buf->owner = a.buf;  // (borrowed: never returned to the pool)
-    raw.buf->fence = a.buf->fence;
-    download(raw, split.data());
-    q8_join_host(split.data(), static_cast<uint8_t*>(host), a.buf->q8_split_rows, a.buf->q8_split_k);
-    return;
-  }
-  std::shared_ptr<Fence> fence = a.buf->fence;
+// (read_bytes: the first `n` bytes of a buffer, as download reads them.)
+namespace {
+void read_bytes(const DeviceBuffer& b, size_t n, void* host) {
+  std::shared_ptr<Fence> fence = b.fence;
   if (fence) fence->wait();
   CUstream stream = fence ? read_stream() : nullptr;
   const Driver& d = driver();
   if (n > (size_t(16) << 20)) {
-    check(d.cuMemcpyDtoHAsync(host, a.buf->ptr, n, stream), "cuMemcpyDtoHAsync");
+    check(d.cuMemcpyDtoHAsync(host, b.ptr, n, stream), "cuMemcpyDtoHAsync");
     check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
     return;
   }
@@ -270,9 +259,20 @@ void download(const DeviceArray& a, void* host) {
   static size_t staging_bytes = 0;
   std::lock_guard<std::mutex> l(mu);
   reserve_pinned(staging, staging_bytes, n, size_t(64) << 10);
-  check(d.cuMemcpyDtoHAsync(staging, a.buf->ptr, n, stream), "cuMemcpyDtoHAsync");
+  check(d.cuMemcpyDtoHAsync(staging, b.ptr, n, stream), "cuMemcpyDtoHAsync");
   check(d.cuStreamSynchronize(stream), "cuStreamSynchronize");
   std::memcpy(host, staging, n);
+}
+}  // namespace
+
+void download(const DeviceArray& a, void* host) {
+  set_context();
+  size_t n = a.nbytes();
+  if (!n) return;
+  if (!a.buf->q8_split_k) return read_bytes(*a.buf, n, host);
+  std::vector<uint8_t> split(n);  // (Q8_0 weights a graph holds split: read back as given, GGUF blocks)
+  read_bytes(*a.buf, n, split.data());
+  q8_join_host(split.data(), static_cast<uint8_t*>(host), a.buf->q8_split_rows, a.buf->q8_split_k);
 }
 
 DeviceArray convert(const DeviceArray& a, DType to) {
@@ -519,7 +519,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       size_t r = a.shape.size();
       int64_t N = p[3], u = 16 / int64_t(dtype_size(s_.storage()[size_t(g_.node(cs.node).inputs[0].node)]));
       int64_t wn = g_.node(cs.node).inputs[1].node;
-      bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), wn);  // (8-byte quant loads)
+      bool split = split_input(wn);  // (8-byte quant loads)
       if (N == 0 || out_n != N || a.offset % u || p[2] % u ||
           (!split && (w.offset % 2 || w.strides[0] % 2 || plan_.numel(wn) % 4)))
         return false;
@@ -570,7 +570,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       if (op_as<QMatMulOp>(n)) {  // (Q8_0 weights: cuBLASLt over their dequantisation, see blas_plan_q8)
         int64_t N = p[3], K = p[2];
         if (out_n == 0 || N == 0 || out_n / N < gemm_min_rows() || gemm_forced() == 'o') return false;
-        bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), n.inputs[1].node);
+        bool split = split_input(n.inputs[1].node);
         return blas_plan_q8(a, cv[1], N, K, s_.storage()[size_t(n.inputs[0].node)], n.dtype, s_.compute, split,
                             &L_.blas[i]);
       }
@@ -1395,8 +1395,7 @@ void Runtime::plan_ahead(const Bindings& dims) {
 // since its owner may change it); an array another module split is joined back for kernels reading GGUF blocks.
 CUdeviceptr Runtime::q8_layout_of(int64_t id, const DeviceArray& a) {
   DeviceBuffer& b = *a.buf;
-  bool split = std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), id);
-  if (!split) {
+  if (!split_input(id)) {
     if (b.q8_split_k) q8_store_joined(b);
     return b.ptr;
   }

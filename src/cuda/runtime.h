@@ -2,6 +2,7 @@
 // Module: its kernels loaded once; per set of bound dims the core plan (shapes, views, memory) and what the
 // launches derive from it (the parameter block, each step's variant and grid); a launch per kernel step.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <array>
 #include <map>
@@ -114,6 +115,9 @@ class Runtime {
   const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }
   void configure(size_t i);  // step i's parameter slice, variant and launch, from the plan
   CUdeviceptr q8_layout_of(int64_t id, const DeviceArray& a);  // input id's memory as its kernels read it
+  bool split_input(int64_t id) const {  // whether the kernels read input id's Q8_0 weights split (Module::q8_split)
+    return std::binary_search(s_.q8_split.begin(), s_.q8_split.end(), id);
+  }
   std::unordered_map<int64_t, std::shared_ptr<DeviceBuffer>> split_copies_;  // (borrowed Q8_0 inputs, split)
   bool applies(const Variant& v, const std::vector<ConcreteView>& cv, int64_t out_n, int64_t* p, size_t i);
   std::vector<ConcreteView> views_;  // (configure's scratch)
