@@ -1,8 +1,10 @@
-"""Fewer kernels per decode step on the GPU: with LUMINAL_CUDA_PROLOGUE=1 (off by default), a row program of the factored form (RMSNorm: a k-wise part times a row
+"""Fewer kernels per decode step on the GPU: a row program of the factored form (RMSNorm: a k-wise part times a row
 scalar made of the row's sums) that only a matrix-vector group reads is that group's prologue (the group's kernel
 computes the part where it loads the activations, the sums in the same loop, and scales each dot product by the
 scalar; the norm's own kernel does not run), and the flash-decode kernel merges its key ranges itself (the last
-range of a tile to finish, by a ticket it sets back to zero; no combine kernel). Parity against torch on every
+range of a tile to finish, by a ticket it sets back to zero; no combine kernel). By default only groups of Q8_0
+products stored split take their prologue (their kernel stages the row in shared memory, computing the norm once
+per block); LUMINAL_CUDA_PROLOGUE=1: every group, in its dot loop; =0: none. Parity against torch on every
 backend (reference, CPU, the NVRTC compile, the GPU), the group kernel's arithmetic run on the host (cuda_host.py),
 and the kernels of a Llama decode layer counted (without a GPU from the printed module)."""
 from __future__ import annotations
@@ -25,7 +27,7 @@ gpu = pytest.mark.skipif(needs_cuda() is not None, reason=str(needs_cuda()))
 
 @pytest.fixture(autouse=True)
 def _prologues(monkeypatch):
-    """Norm prologues are off by default (LUMINAL_CUDA_PROLOGUE=1 turns them on): this module tests them."""
+    """Prologues in the dot loop are off by default (LUMINAL_CUDA_PROLOGUE=1 turns them on): this module tests them."""
     monkeypatch.setenv("LUMINAL_CUDA_PROLOGUE", "1")
 
 def _rms(x, w, eps):
@@ -93,12 +95,17 @@ def test_norm_is_the_prologue_of_the_products_reading_it(backend, tokens, k, rng
             assert launched >= sites, (launched, sites)
 
 
+@pytest.mark.parametrize("staged", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
+def test_norm_prologue_with_q8_members(cuda_backend, dtype, staged, rng, monkeypatch):
     """Q8_0 products (a warp per two rows, QRows) and a float one after an RMSNorm: one group with the norm as its
     prologue, the products scaled by the row's scalar. 192: six Q8_0 blocks (rows of whole 4-byte words, which QRows
-    needs: with 96 the H100 ran the steps one by one), a partial step of the dot loop."""
+    needs: with 96 the H100 ran the steps one by one), a partial step of the dot loop. Staged: the third product
+    is Q8_0 too, and by default (LUMINAL_CUDA_PROLOGUE unset) the group's kernel computes the norm once per block
+    as it stages the row in shared memory."""
     backend, k = cuda_backend, 192
+    if staged:
+        monkeypatch.delenv("LUMINAL_CUDA_PROLOGUE")
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
@@ -107,21 +114,24 @@ def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
     x, nw = g.tensor((1, k), name="x").set(xv), g.tensor((k,), name="n").set(nv)
     vals, outs, raws = {}, [], {}
     h = x.rms_norm(k, nw, 1e-5)
-    for name, rows in (("q", 41), ("k", 7)):
+    for name, rows in (("q", 41), ("k", 7)) + ((("v", 13),) if staged else ()):
         raws[name], vals[name] = random_quant_blocks(rng.gen, "Q8_0", rows, k)
         raw = raws[name]
         outs.append((h @ dequantize(g, QuantizedWeight(raw, "Q8_0", (rows, k)), name=name).T).output())
-    vals["v"] = rng.data((12, k)).astype(np.float32)
-    outs.append((h @ g.tensor((12, k), name="v").set(vals["v"]).T).output())
+    if not staged:
+        vals["v"] = rng.data((12, k)).astype(np.float32)
+        outs.append((h @ g.tensor((12, k), name="v").set(vals["v"]).T).output())
     comps = backend.compilers(dtype)
     g.compile(lm.GenericCompiler(), *comps)
     (cc,) = [c for c in comps if isinstance(c, lm.CudaCompiler)]
     assert sorted(len(ids) for _, ids in cc.schedule.groups()) == [4], cc.schedule.groups()
+    ((fn, _),) = cc.schedule.groups()
+    assert ("u8 xq_[" in dict(cc.schedule.kernel_texts)[fn]) == staged
     g.execute()
     r = _rms(torch.from_numpy(xv).double(), torch.from_numpy(nv).double(), 1e-5).numpy()
     for o, name in zip(outs, ("q", "k", "v")):
         v = vals[name].astype(np.float64)
-        if name == "v" and dtype == "bfloat16":  # (a float weight is stored in the compute dtype)
+        if name not in raws and dtype == "bfloat16":  # (a float weight is stored in the compute dtype)
             v = torch.from_numpy(vals[name]).bfloat16().double().numpy()
         want = r @ v.T
         if name in raws:  # (stored split: by __dp4a over the norm's part, x * n, quantised; then the row's scalar)
@@ -135,13 +145,19 @@ def test_norm_prologue_with_q8_members(cuda_backend, dtype, rng):
         assert g._runtime.rt.last_launches() == 1
 
 
-def _decode_graph(n_layers):
-    """A tiny Llama's decode graph (token ids, per layer a KV cache of symbolic length) on the CUDA lowering."""
+def _decode_graph(n_layers, q8=False):
+    """A tiny Llama's decode graph (token ids, per layer a KV cache of symbolic length) on the CUDA lowering; with
+    `q8`, its projections and output head Q8_0 (graph inputs of GGUF blocks, dequantised), as a GGUF file loads."""
     from luminal.nn import Llama, LlamaConfig
 
     cfg = LlamaConfig(vocab_size=61, hidden=64, ffn=96, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=16)
     model = Llama(cfg)
     g = model.graph
+    for name, p in list(model.named_parameters()) if q8 else []:
+        if len(p.shape) == 2 and name != "model.embed_tokens.weight":
+            t = g.tensor((p.shape[0], p.shape[1] // 32 * 34), lm.uint8, name=name)
+            owner, attr = model._owner(name)
+            setattr(owner, attr, g._wrap(g._g.dequant("Q8_0", t._edge(), list(p.shape))))
     caches = [(g.tensor(("c", 2, 16)), g.tensor(("c", 2, 16))) for _ in range(n_layers)]
     logits, new = model.forward(g.tensor(("s",), dtype=lm.int32), caches, "p", last_only=True)
     logits.output()
@@ -169,6 +185,19 @@ def test_llama_decode_layer_kernel_count(monkeypatch):
     assert sum(1 for _, ids in groups if len(ids) == 4) == 2 * 2 + 0, groups  # q/k/v + norm, gate/up + norm + SwiGLU
     monkeypatch.setenv("LUMINAL_CUDA_PROLOGUE", "0")
     assert _launch_sites(_decode_graph(3)) - _launch_sites(_decode_graph(2)) == 10
+
+
+def test_q8_decode_layer_takes_its_norms_by_default(monkeypatch):
+    """By default (LUMINAL_CUDA_PROLOGUE unset) a Llama layer of Q8_0 projections keeps the 8 sites above: its
+    groups stage their activation row in shared memory (xq_), computing the norm there; the float layer's norms
+    are kernels of their own (10 sites), as is the final norm before a float head."""
+    monkeypatch.delenv("LUMINAL_CUDA_PROLOGUE")
+    assert _launch_sites(_decode_graph(3, q8=True)) - _launch_sites(_decode_graph(2, q8=True)) == 8
+    assert _launch_sites(_decode_graph(3)) - _launch_sites(_decode_graph(2)) == 10
+    m = _decode_graph(1, q8=True)
+    texts = dict(m.kernel_texts)
+    staged = [ids for fn, ids in m.groups() if "u8 xq_[" in texts[fn]]
+    assert len(staged) == 5, m.groups()  # (q/k/v, o, gate/up, down, and the head with the final norm)
 
 
 @gpu
@@ -221,32 +250,38 @@ inline float op_sqrt(float x) { return std::sqrt(x); }
 """
 
 
+@pytest.mark.parametrize("members", ["mixed", "q8"])
 @pytest.mark.parametrize("n,k", [(42, 160), (7, 1088)])
-def test_prologue_group_kernel_on_the_host(n, k, rng, tmp_path):
-    """The group kernel with an RMSNorm prologue run on the host (cuda_host.py): a Q8_0 member (two rows a warp) and
-    a float one, the norm's part and sums computed in the dot loop (5 blocks: a partial step; 34: a whole step and
-    a partial one), against float64 torch; grids smaller than the work."""
+def test_prologue_group_kernel_on_the_host(n, k, members, rng, tmp_path):
+    """The group kernel with an RMSNorm prologue run on the host (cuda_host.py), against float64 torch, on grids
+    smaller than the work. Mixed: a Q8_0 member (two rows a warp) and a float one, the norm's part and sums computed
+    in the dot loop (5 blocks: a partial step; 34: a whole step and a partial one), blocks of 64 threads. Q8: two
+    Q8_0 members, the norm computed once per block as the row is staged in shared memory (its sums over the block's
+    8 warps), 34 blocks with K split over 2 warps a row."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    n2 = n + 1 if k // 32 % 2 == 0 else n + 2  # (a float member's row count; the Q8_0 one is n)
+    n2 = n + 1 if k // 32 % 2 == 0 else n + 2  # (the second member's row count: whole 4-byte words)
     raw, vals = random_quant_blocks(rng.gen, "Q8_0", n, k)
+    raw2 = random_quant_blocks(rng.gen, "Q8_0", n2, k)[0] if members == "q8" else None
     wf = rng.data((n2, k)).astype(np.float32)
     x, nv = rng.data((1, k)).astype(np.float32), rng.data((k,)).astype(np.float32)
     cx = lm.Graph()
     xt, nt = cx.tensor(x.shape, name="x").set(x), cx.tensor(nv.shape, name="n").set(nv)
     h = xt.rms_norm(k, nt, 1e-5)
     wq = dequantize(cx, QuantizedWeight(raw, "Q8_0", (n, k)), name="w")
-    outs = [(h @ wq.T).output(), (h @ cx.tensor(wf.shape, name="wf").set(wf).T).output()]
+    w2 = (dequantize(cx, QuantizedWeight(raw2, "Q8_0", (n2, k)), name="wf") if members == "q8" else
+          cx.tensor(wf.shape, name="wf").set(wf))
+    outs = [(h @ wq.T).output(), (h @ w2.T).output()]
     comp = lm.CudaCompiler("float32", device=None)
     cx.compile(lm.GenericCompiler(), comp)
     g = cx._g
     texts = dict(comp.schedule.kernel_texts)
     ((group, ids),) = comp.schedule.groups()
     ids_out = [o._edge().node for o in outs]
-    members = [g.node(i).inputs[0].node if i not in ids else i for i in ids_out]  # (an Output aliasing its product)
-    (pro,) = [i for i in ids if i not in members]
+    ms = [g.node(i).inputs[0].node if i not in ids else i for i in ids_out]  # (an Output aliasing its product)
+    (pro,) = [i for i in ids if i not in ms]
     numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
-    sizes = {"x": x.size, "n": nv.size, "w": raw.size, "wf": wf.size}
+    sizes = {"x": x.size, "n": nv.size, "w": raw.size, "wf": (raw2 if members == "q8" else wf).size}
 
     def slice_of(nid, items, k, extra, q8):
         p = [nid, items, k, extra]
@@ -255,8 +290,10 @@ def test_prologue_group_kernel_on_the_host(n, k, rng, tmp_path):
             p += [int(e.view.offset), size] + [int(s) for s in e.view.shape] + [int(s) for s in e.view.strides]
         return p + ([0, n] if q8 else [])
 
-    slices = [slice_of(members[0], n, k, n, True), slice_of(members[1], n2, k, n2, False), slice_of(pro, 1, k, 0, False)]
+    q8 = members == "q8"
+    slices = [slice_of(ms[0], n, k, n, True), slice_of(ms[1], n2, k, n2, q8), slice_of(pro, 1, k, 0, False)]
     kernel = texts[group]
+    assert ("u8 xq_[" in kernel) == q8 and ("sl_ = w_ % 2" in kernel) == (q8 and k == 1088)
     args = re.search(r"void \w+\((.*?)\) \{", kernel).group(1)
     order = [int(m) for m in re.findall(r"const i64\* __restrict__ P(\d)", args)]  # (members in argument order)
     group_args = "".join(f", P[{j}].data(), out{j}.data(), {('w', 'wf')[j]}.data()" for j in order)
@@ -266,7 +303,7 @@ int main() {{
   std::vector<char> x = load("x.bin"), nv = load("n.bin"), w = load("w.bin"), wf = load("wf.bin");
   std::vector<float> out0({n}, 12345.0f), out1({n2}, 12345.0f);
   int err = 0;
-  launch(3, 1, 1, 64, [&] {{ {group}(P[{order[0]}].data(), &err, nullptr{group_args}, P[2].data(), x.data(), nv.data()); }});
+  launch(3, 1, 1, {256 if q8 else 64}, [&] {{ {group}(P[{order[0]}].data(), &err, nullptr{group_args}, P[2].data(), x.data(), nv.data()); }});
   FILE* f = std::fopen("out.bin", "wb");
   for (auto* v : {{&out0, &out1}}) std::fwrite(v->data(), 4, v->size(), f);
   std::fclose(f);
@@ -275,12 +312,13 @@ int main() {{
     exe = cuda_host.build(_GROUP_HOST + kernel + main, tmp_path)
     # (the Q8_0 weight is stored split: its product by __dp4a over the norm's part, x * n, quantised in the loop,
     # then scaled by the row's scalar)
-    assert [g.node(i).name for i in comp.schedule.q8_split] == ["w"]
-    for name, a in (("x", x), ("n", nv), ("w", split_layout(raw, k)), ("wf", wf)):
+    assert sorted(g.node(i).name for i in comp.schedule.q8_split) == (["w", "wf"] if q8 else ["w"])
+    for name, a in (("x", x), ("n", nv), ("w", split_layout(raw, k)), ("wf", split_layout(raw2, k) if q8 else wf)):
         (tmp_path / f"{name}.bin").write_bytes(np.ascontiguousarray(a).tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
     got = np.fromfile(tmp_path / "out.bin", np.float32)
     r = _rms(torch.from_numpy(x).double(), torch.from_numpy(nv).double(), 1e-5).numpy()
     scale = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + 1e-5)
-    want = np.concatenate([expected_dp4a(x * nv, raw, k)[0] * scale, (r @ wf.T.astype(np.float64))[0]])
+    second = expected_dp4a(x * nv, raw2, k)[0] * scale if q8 else (r @ wf.T.astype(np.float64))[0]
+    want = np.concatenate([expected_dp4a(x * nv, raw, k)[0] * scale, second])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))

@@ -453,14 +453,18 @@ int main() {{
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
 
 
+@pytest.mark.parametrize("staged", [True, False])
 @pytest.mark.parametrize("k", [192, 2112])
-def test_qrows_group_epilogues_on_the_host(k, rng, tmp_path):
+def test_qrows_group_epilogues_on_the_host(k, staged, rng, tmp_path, monkeypatch):
     """A group of Q8_0 units with epilogues run on the host: o (24 rows) with a residual add, and gate and up (37
     rows: the last pair of rows has one) with silu(gate) * up; every warp computes two rows of its unit. Their
-    weights are stored split (by __dp4a over the activations quantised in the loop); 6 blocks (one partial step), 66
-    (K split over 4 warps a row, parts of 512 and 544). Against float64 numpy."""
+    weights are stored split, by __dp4a over the activation row quantised once per block into shared memory
+    (staged), or in the loop (LUMINAL_CUDA_Q8_STAGE=0); 6 blocks (one partial step), 66 (K split over 4 warps a
+    row). Three blocks for the work of more: each block stages the row before its rows. Against float64 numpy."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    if not staged:
+        monkeypatch.setenv("LUMINAL_CUDA_Q8_STAGE", "0")
     x, res = rng.data((1, k), "small").astype(np.float32), rng.data((1, 24)).astype(np.float32)
     cx = lm.Graph()
     xt, rt = cx.tensor(x.shape, name="x").set(x), cx.tensor(res.shape, name="res").set(res)
@@ -477,7 +481,7 @@ def test_qrows_group_epilogues_on_the_host(k, rng, tmp_path):
     epilogues = [i for i in ids if i not in members]
     text = dict(comp.schedule.kernel_texts)[group]
     assert len(members) == 3 and len(epilogues) == 2 and "(P0[1] + 1) / 2" in text and "q8_quantize8" in text
-    assert ("sl_ = w_ % 4" in text) == (k == 2112)
+    assert ("sl_ = w_ % 4" in text) == (k == 2112) and (f"u8 xq_[{k}]" in text) == staged
     name_of = {e.node: g.node(e.node).name for i in ids for e in g.node(i).inputs}
     sizes = {n: a.size for n, a in data.items()}
     numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))

@@ -342,6 +342,10 @@ struct ActRow {
   // Statements setting float dst[0..8) to the row's elements at..at+7 (in range), adding to the row's sums.
   std::function<std::string(const std::string& at, const std::string& dst)> load;
   std::string finish;  // after the loop: float scale_, what each dot product is multiplied by
+  // finish's parts: the Reduce registers whose sums (s<r>_) give k<r>, then the statements and the expression of
+  // the scale from them (stage_row sums over the block instead of the warp)
+  std::vector<int> sums;
+  std::string scalar, scale;
 };
 struct DotOperand {
   DType storage;
@@ -352,13 +356,15 @@ struct DotOperand {
   bool split() const { return q8 && !soff.empty(); }  // Q8_0 stored split
 };
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act, const std::string& kb, const std::string& ke);
+                        const ActRow* act, const std::string& kb, const std::string& ke, bool staged);
 
-// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps).
+// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps). `staged`:
+// every operand is Q8_0 stored split and the activations are already quantised in shared memory (stage_row).
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                     const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K") {
+                     const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K",
+                     bool staged = false) {
   if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; }))
-    return dot_rows_q8(as, a, oa, ws, U, act, kb, ke);
+    return dot_rows_q8(as, a, oa, ws, U, act, kb, ke, staged);
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
   t << "    for (i64 k0 = " << (kb == "0" ? "" : kb + " + ") << "lane * 8; k0 < " << ke << "; k0 += " << 256 * U
@@ -423,8 +429,76 @@ std::string merge_ranges(const std::string& wr, const std::string& col, const st
   return t.str();
 }
 
+// A block's activation row quantised once into shared memory, for a group kernel whose operands are all Q8_0
+// stored split (see group_kernel): xq_ holds its K quants, xd_ its K / 32 block scales, as q8_quantize8 makes them
+// (the same bytes the dot loop would make per step, so the sums are unchanged). Each warp quantises 256 elements
+// at a time; the block then waits for the whole row. `at` declares `oa`, where the row starts in the activations
+// a_. With a prologue (`act`) the row is its k-wise part, computed here, and its row sums are added over the
+// block, giving scale_ (declared before) for every warp.
+std::string stage_row(DType as, int64_t K, const std::string& at, const ActRow* act) {
+  std::string k = std::to_string(K);
+  Text t;
+  t << "  __shared__ __align__(16) u8 xq_[" << k << "];\n  __shared__ float xd_[" << std::to_string(K / 32) << "];\n";
+  if (act) t << "  __shared__ float red_[32][" << int(act->sums.size()) << "];\n  float scale_;\n";
+  t << "  {\n" << at << (act ? act->init : "") << "    for (i64 k0 = threadIdx.x * 8; k0 - (threadIdx.x & 31) * 8 < " << k
+    << "; k0 += blockDim.x * 8) {\n      float a[8];\n      unsigned q[2];\n      float d;\n"
+    << "      if (k0 < " << k << ") {\n"
+    << (act ? act->load("k0", "a") : "        ld8_" + std::string(dtype_name(as)) + "(a_, oa + k0, a);\n")
+    << "      } else {\n        for (int e = 0; e < 8; ++e) a[e] = 0.0f;\n      }\n"
+    << "      q8_quantize8(a, q, d);  // (every lane: its shuffles need the warp)\n"
+    << "      if (k0 < " << k << ") {\n        *(uint2*)(xq_ + k0) = make_uint2(q[0], q[1]);\n"
+    << "        if ((threadIdx.x & 3) == 0) xd_[k0 >> 5] = d;\n      }\n    }\n";
+  if (act) {
+    for (size_t j = 0; j < act->sums.size(); ++j)
+      t << "    { float w_ = warp_sum(s" << act->sums[j] << "_); if ((threadIdx.x & 31) == 0) red_[threadIdx.x >> 5]["
+        << int(j) << "] = w_; }\n";
+    t << "    __syncthreads();\n";
+    for (size_t j = 0; j < act->sums.size(); ++j)
+      t << "    float t" << int(j) << "_ = 0.0f;\n    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) t" << int(j)
+        << "_ += red_[w][" << int(j) << "];\n    float k" << act->sums[j] << " = rd_float32<float>(t" << int(j) << "_);\n";
+    t << act->scalar << "    scale_ = " << act->scale << ";\n";
+  }
+  t << "  }\n  __syncthreads();\n";
+  return t.str();
+}
+
+// dot_rows over activations stage_row left in shared memory: per step a lane's 8 quants of each operand (one
+// 8-byte load) and its block's scale against the row's 8 quants and scale, by two __dp4a.
+std::string dot_rows_staged(const std::vector<DotOperand>& ws, int U, const std::string& kb, const std::string& ke) {
+  Text t;
+  for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
+  auto step = [&](bool checked) {
+    Text s;
+    s << "      i64 k0 = k_ + lane * 8;\n      uint2 x_[" << U << "];\n      float dx_[" << U << "];\n";
+    for (auto& w : ws) s << "      uint2 b_" << w.acc << "[" << U << "];\n      u16 d_" << w.acc << "[" << U << "];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
+    for (auto& w : ws)
+      s << "          b_" << w.acc << "[u] = ld_stream8((const u8*)" << w.ptr << " + " << w.off << " + k0 + u * 256);\n"
+        << "          d_" << w.acc << "[u] = __ldg((const u16*)((const u8*)" << w.ptr << " + " << w.soff
+        << ") + ((k0 + u * 256) >> 5));\n";
+    s << "          x_[u] = *(const uint2*)(xq_ + k0 + u * 256);\n          dx_[u] = xd_[(k0 + u * 256) >> 5];\n";
+    if (checked) {
+      s << "        } else {\n          x_[u] = make_uint2(0u, 0u);\n          dx_[u] = 0.0f;\n";
+      for (auto& w : ws) s << "          b_" << w.acc << "[u] = make_uint2(0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
+      s << "        }\n";
+    }
+    s << "      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    for (auto& w : ws)
+      s << "        " << w.acc << " += (float)__dp4a((int)b_" << w.acc << "[u].y, (int)x_[u].y, __dp4a((int)b_" << w.acc
+        << "[u].x, (int)x_[u].x, 0)) * (f16_f32(d_" << w.acc << "[u]) * dx_[u]);\n";
+    s << "      }\n";
+    return s.str();
+  };
+  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 256 * U << " <= " << ke << "; k_ += " << 256 * U << ") {\n"
+    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
+  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
+  return t.str();
+}
+
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
-                        const ActRow* act, const std::string& kb, const std::string& ke) {
+                        const ActRow* act, const std::string& kb, const std::string& ke, bool staged) {
+  if (staged) return dot_rows_staged(ws, U, kb, ke);
   Text t;
   bool any_split = std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.split(); });
   for (auto& w : ws) {
@@ -609,6 +683,7 @@ class Generator {
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
   std::vector<char> split_;       // per node: a Q8_0 weight input stored split (choose_q8_split)
   void choose_q8_split();
+  void drop_prologues();
   // Whether QMatMul n reads its weights split (all of them, or none: see choose_q8_split)
   bool split_q8(const Node& n) const { return n.inputs.size() > 1 && split_[size_t(n.inputs[1].node)]; }
   // A split Q8_0 weight's row `row` (view bv, K = `K`): "<q> = <first quant's byte>, <s> = <first scale's byte>"
@@ -619,6 +694,7 @@ class Generator {
   }
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
   int last_split_ = 1;            // and its warps per row (group_split)
+  int64_t last_stage_ = 0;        // and the row length it stages in shared memory (group_stage), or 0
   // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
   // no faster, and its unrolled bodies doubled NVRTC's time over the test suite's kernels); LUMINAL_CUDA_ELEMENTS=1|2|4
   // to compare.
@@ -717,7 +793,9 @@ class Generator {
   std::string group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of, long prologue = -1);
   bool paired(const std::vector<size_t>& ms) const;
   template <class Members>
-  int group_split(size_t nunits, const Members& members_of, long prologue) const;
+  int group_split(size_t nunits, const Members& members_of, bool whole_rows) const;
+  template <class Members>
+  int64_t group_stage(size_t nunits, const Members& members_of) const;
   ActRow group_prologue(size_t step);
   void dequant_step(Step& st, const Node& n, int block_bytes);
   void attention_step(Step& st, const Node& n);
@@ -2743,10 +2821,10 @@ ActRow Generator::group_prologue(size_t step) {
   };
   Text fin;
   for (int r : f->sums) fin << "    float k" << r << " = rd_float32<float>(warp_sum(s" << r << "_));\n";
-  fin << program_body(prog, st, n, "float", false, {}, sc, size_t(-1));
-  std::string scale;
-  for (int r : f->scalar) scale += (scale.empty() ? "r" : " * r") + std::to_string(r);
-  fin << "    float scale_ = " << scale << ";\n";
+  a.sums = f->sums;
+  a.scalar = program_body(prog, st, n, "float", false, {}, sc, size_t(-1));
+  for (int r : f->scalar) a.scale += (a.scale.empty() ? "r" : " * r") + std::to_string(r);
+  fin << a.scalar << "    float scale_ = " << a.scale << ";\n";
   a.finish = fin.str();
   return a;
 }
@@ -2763,12 +2841,12 @@ bool Generator::paired(const std::vector<size_t>& ms) const {
 // than LUMINAL_CUDA_SPLIT_WARPS warps (4096; 0: never split), so that products of few rows still keep enough loads
 // in flight: the 8B's Q8_0 o, down and q/k/v units (warps of two rows: 2048-3072 warps) split in 2, its bf16
 // products (4096 rows and more) do not. (With more splits, 8192 or 16384 warps, both decoded slower on an H200.)
-// Each part keeps at least two steps of 256 elements. Not with a prologue (its row sums need whole rows) or an
-// unknown K.
+// Each part keeps at least two steps of 256 elements. Not when a warp needs whole rows (a prologue's row sums,
+// unless the kernel stages the row: see group_stage) or K is unknown.
 template <class Members>
-int Generator::group_split(size_t nunits, const Members& members_of, long prologue) const {
+int Generator::group_split(size_t nunits, const Members& members_of, bool whole_rows) const {
   const int target = env_int("LUMINAL_CUDA_SPLIT_WARPS", 4096);
-  if (prologue >= 0 || target <= 0) return 1;
+  if (whole_rows || target <= 0) return 1;
   int64_t warps = 0, K = 0;
   for (size_t u = 0; u < nunits; ++u) {
     std::vector<size_t> ms = members_of(u);
@@ -2786,20 +2864,42 @@ int Generator::group_split(size_t nunits, const Members& members_of, long prolog
   return split;
 }
 
+// The row length K of a group kernel whose activation row is quantised once per block into shared memory
+// (stage_row), or 0. Every member is a Q8_0 product with its weights stored split (so the group only runs for one
+// activation row, which all units read: the runtime checks their offsets agree) and K is known, with its quants
+// and scales within 40 KB of shared memory. Each warp then loads 8 bytes of quants a step instead of 8
+// activations, and quantises nothing in the loop; a prologue (RMSNorm) is computed once per block as the row is
+// staged. LUMINAL_CUDA_Q8_STAGE=0: never (comparison).
+template <class Members>
+int64_t Generator::group_stage(size_t nunits, const Members& members_of) const {
+  if (env_int("LUMINAL_CUDA_Q8_STAGE", 1) == 0) return 0;
+  int64_t K = 0;
+  for (size_t u = 0; u < nunits; ++u)
+    for (size_t m : members_of(u)) {
+      const Node& n = g_.node(mod_.sched.steps[m].node);
+      const Expr& k = n.inputs[0].view.shape.back();
+      if (!op_as<QMatMulOp>(n) || !split_q8(n) || !k.is_const() || (K && k.as_const() != K)) return 0;
+      K = k.as_const();
+    }
+  return K % 32 == 0 && K + K / 8 <= 40960 ? K : 0;
+}
+
 template <class Members, class Epilogue>
 std::string Generator::group_kernel(size_t nunits, const Members& members_of, const Epilogue& epilogue_of,
                                     long prologue) {
   const std::vector<Step>& steps = mod_.steps;
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   Text sig, esig, k;  // the members' arguments, then the epilogues'
-  // With a prologue each lane holds the part's inputs' loads too (more registers, fewer resident blocks):
-  // LUMINAL_CUDA_PROLOGUE_BLOCKS=n asks the compiler to fit n blocks on a multiprocessor (to compare).
+  int64_t SK = group_stage(nunits, members_of);
+  // With a prologue in the loop each lane holds the part's inputs' loads too (more registers, fewer resident
+  // blocks): LUMINAL_CUDA_PROLOGUE_BLOCKS=n asks the compiler to fit n blocks on a multiprocessor (to compare).
   std::string bounds = "256";
   const char* mb = std::getenv("LUMINAL_CUDA_PROLOGUE_BLOCKS");
-  if (prologue >= 0 && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
-  // Without one, 4 blocks fit: streaming the weights needs resident warps more than deeper unrolling (left free,
+  bool in_loop = prologue >= 0 && !SK;
+  if (in_loop && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
+  // Otherwise 4 blocks fit: streaming the weights needs resident warps more than deeper unrolling (left free,
   // the gate/up group over 16-bit activations took twice the registers and ran slower).
-  else if (prologue < 0) bounds += ", 4";
+  else if (!in_loop) bounds += ", 4";
   sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -2808,7 +2908,10 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   Text body, pre;  // pre: the weight rows of a warp's first row, prefetched (see below)
   ActRow pro;
   if (prologue >= 0) pro = group_prologue(size_t(prologue));
-  int split = group_split(nunits, members_of, prologue);
+  int split = group_split(nunits, members_of, in_loop);
+  // (staged, the activations take 3 registers a step instead of 8: LUMINAL_CUDA_Q8_STAGE_STEPS steps of one
+  // operand in flight, 8 unless set)
+  const int stage_steps = env_int("LUMINAL_CUDA_Q8_STAGE_STEPS", 8);
   int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
   Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
@@ -2822,7 +2925,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     rows.push_back(pair ? "(P" + std::to_string(m0) + "[1] + 1) / 2" : "P" + std::to_string(m0) + "[1]");
     const Step& s0 = steps[ms[0]];
     const ViewSlot& av = s0.views[0];
-    int R = av.rank, c = int(ms.size()), U = std::max(1, 4 / (pair ? 2 * c : c));
+    int R = av.rank, c = int(ms.size()), U = std::max(1, (SK ? stage_steps : 4) / (pair ? 2 * c : c));
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
@@ -2887,10 +2990,14 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
                     "acc" + std::to_string(m0 + j) + "_1", true, split_of(j) ? "os" + std::to_string(m0 + j) + "_1" : ""});
     // (with a prologue, the activations computed in the loop, then the products scaled by the row's scalar)
-    body << "    i64 K = P" << m0 << "[2];\n" << pro.init;
+    body << "    i64 K = P" << m0 << "[2];\n" << (SK ? "" : pro.init);
+    // (with a prologue, each dot product scaled by the row's scalar: from the staged row, or after the loop)
+    std::string scaled;
+    if (prologue >= 0)
+      for (auto& w : ws) scaled += "    " + w.acc + " *= scale_;\n";
     if (split > 1) {
       // each warp's sums into the block's table; the row's first warp adds them up in the second pass
-      body << part << dot_rows(as, "a_", "oa", ws, U, nullptr, "kb_", "ke_") << "    if (lane == 0) {\n";
+      body << part << dot_rows(as, "a_", "oa", ws, U, nullptr, "kb_", "ke_", SK > 0) << scaled << "    if (lane == 0) {\n";
       for (int q = 0; q < int(ws.size()); ++q) {
         body << "      part_[w_][" << q << "] = " << ws[size_t(q)].acc << ";\n";
         body2 << "    float " << ws[size_t(q)].acc << " = part_[w_][" << q << "]";
@@ -2900,10 +3007,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       body << "    }\n";
       nacc = std::max(nacc, int(ws.size()));
     } else {
-      body << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 ? &pro : nullptr) << pro.finish;
+      body << dot_rows(as, "a_", "oa", ws, U, prologue >= 0 && !SK ? &pro : nullptr, "0", "K", SK > 0)
+           << (SK ? "" : pro.finish) << scaled;
     }
-    if (prologue >= 0)
-      for (auto& w : ws) body << "    " << w.acc << " *= scale_;\n";
     Text& fin = split > 1 ? body2 : body;  // the outputs' stores (and epilogue)
     fin << "    if (lane == 0) {\n";
     if (f < 0) {
@@ -2951,6 +3057,13 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   k << (split > 1 ? "  i64 r = blockIdx.x * " + per + " + w_ / " + std::to_string(split) + ";\n"
                   : std::string("  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"))
     << pre.str() << "    }\n  }\n  pdl_start();\n";
+  if (SK) {  // (the row every unit reads: the first member's activations at row 0)
+    const ViewSlot& av = steps[members_of(0)[0]].views[0];
+    k << stage_row(storage(g_.node(cs[members_of(0)[0]].node).inputs[0].node), SK,
+                   "    i64 oa;\n    { const i64* p = P0; oa = " +
+                       ViewText{av}.offset(std::vector<std::string>(size_t(av.rank), "0")) + "; }\n",
+                   prologue >= 0 ? &pro : nullptr);
+  }
   k << "  int lane = threadIdx.x & 31;\n" << (split > 1 ? "" : "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n");
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
@@ -2969,6 +3082,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   }
   last_pairs_ = pairs;
   last_split_ = split;
+  last_stage_ = SK;
   return add_kernel(k.str());
 }
 
@@ -3043,16 +3157,53 @@ void Generator::choose_q8_split() {
     if (split_[id]) mod_.q8_split.push_back(int64_t(id));
 }
 
+// A MatVec group's unit u: its members' step indices.
+std::vector<size_t> members_of(const Group& G, size_t u) {
+  size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
+  return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
+}
+
+// The prologues of groups whose kernel does not stage its row (group_stage) go back to their own kernels; a group
+// that formed only for its prologue (one member, no epilogue) is dissolved, as if prologues were off.
+void Generator::drop_prologues() {
+  Schedule& S = mod_.sched;
+  std::vector<Group> kept;
+  std::vector<int> now(S.groups.size(), -1);
+  for (size_t g = 0; g < S.groups.size(); ++g) {
+    Group& G = S.groups[g];
+    if (G.kind == Group::MatVec && G.prologue >= 0 &&
+        !group_stage(G.units.size(), [&](size_t u) { return members_of(G, u); })) {
+      S.steps[size_t(G.prologue)].prologue_of = -1;
+      G.prologue = -1;
+      if (G.members.size() == 1 && G.epilogues.empty()) {
+        for (size_t k = G.first; k <= G.last; ++k) S.steps[k].group = -1;
+        continue;
+      }
+    }
+    now[g] = int(kept.size());
+    kept.push_back(std::move(G));
+  }
+  S.groups = std::move(kept);
+  for (luminal::Step& st : S.steps) {
+    if (st.group >= 0) st.group = now[size_t(st.group)];
+    if (st.prologue_of >= 0) st.prologue_of = now[size_t(st.prologue_of)];
+  }
+}
+
 // Prints a kernel for every step and group of the core schedule.
 Module Generator::run() {
   ScheduleOptions so{compute_, /*groups=*/true, host_fallback_};
-  // LUMINAL_CUDA_PROLOGUE=1: norms computed by the matrix-vector groups that read them. Off by default: on the H100
-  // it cut the 8B decode step's launches by a quarter but ran slower (the prologue groups' registers).
+  // Norms computed by the matrix-vector groups that read them (prologues): where the group's kernel stages its
+  // row (group_stage), the norm is computed once per block. In the dot loop (the other groups) it cut the H100's
+  // 8B decode launches by a quarter but ran slower (the loop's registers), so those groups keep the norm's own
+  // kernel. LUMINAL_CUDA_PROLOGUE=1: every group takes its prologue; =0: none.
   const char* pe = std::getenv("LUMINAL_CUDA_PROLOGUE");
-  so.prologues = pe && std::string(pe) == "1";
+  std::string prologues = pe ? pe : "";
+  so.prologues = prologues != "0";
   mod_.sched = make_schedule(g_, so);
   mod_.compute = compute_;
   choose_q8_split();
+  if (prologues != "1") drop_prologues();
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
   std::vector<long> at(g_.size(), -1);  // node -> its step
   mod_.steps.resize(cs.size());
@@ -3090,15 +3241,14 @@ Module Generator::run() {
       mod_.group_fns.push_back(batch_kernel(G));
       continue;
     }
-    mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) {
-      size_t end = u + 1 < G.units.size() ? G.units[u + 1] : G.members.size();
-      return std::vector<size_t>(G.members.begin() + long(G.units[u]), G.members.begin() + long(end));
-    }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); },
+    mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) { return members_of(G, u); }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); },
                                           G.prologue));
     mod_.group_pairs.resize(mod_.group_fns.size());
     mod_.group_pairs.back() = last_pairs_;
     mod_.group_split.resize(mod_.group_fns.size(), 1);
     mod_.group_split.back() = last_split_;
+    mod_.group_stage.resize(mod_.group_fns.size(), 0);
+    mod_.group_stage.back() = last_stage_;
   }
   mod_.source = std::string(kPrelude) + "\n" + fns_;
   return std::move(mod_);

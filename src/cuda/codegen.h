@@ -103,6 +103,7 @@ struct Module {
   std::vector<std::string> group_fns;
   std::vector<std::vector<char>> group_pairs;  // MatVec groups: per unit, whether a warp computes two of its rows
   std::vector<int> group_split;  // MatVec groups: warps per row (K split over them; 1 for other groups)
+  std::vector<int64_t> group_stage;  // MatVec groups: the row length staged quantised in shared memory, or 0
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device

@@ -1350,6 +1350,11 @@ bool Runtime::group_runs(size_t g) const {
     Variant::Kind k = s_.steps[m].variants[L_.variant[m]].kind;
     if (k != Variant::MatVec && k != Variant::QRows) return false;  // (QRows: a Q8_0 member)
   }
+  if (int64_t K = s_.group_stage[g]) {  // (one activation row, staged once per block: every unit must read it)
+    auto at = [&](size_t m) { return L_.params[L_.slot[m] + size_t(s_.steps[m].views[0].base)]; };
+    for (size_t m : G.members)
+      if (L_.params[L_.slot[m] + 2] != K || at(m) != at(G.members[0])) return false;
+  }
   return G.prologue < 0 || prologue_fits(g);
 }
 
