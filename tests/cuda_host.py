@@ -47,6 +47,7 @@ inline int2 make_int2(int a, int b) { return {a, b}; }
 struct uint2 { unsigned x, y; };
 inline uint2 make_uint2(unsigned a, unsigned b) { return {a, b}; }
 struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 template <class T> T __ldg(const T* p) { return *p; }
 std::mutex atomics;
 inline float atomicAdd(float* p, float v) { std::lock_guard<std::mutex> l(atomics); float o = *p; *p += v; return o; }
@@ -183,6 +184,10 @@ inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x);
 inline uint2 ld_stream8(const void* p) {
   if (uintptr_t(p) % 8) { std::fprintf(stderr, "unaligned 8-byte access\n"); std::abort(); }
   uint2 u; std::memcpy(&u, p, 8); return u;
+}
+inline uint4 ld_stream16(const void* p) {
+  if (uintptr_t(p) % 16) { std::fprintf(stderr, "unaligned 16-byte access\n"); std::abort(); }
+  uint4 u; std::memcpy(&u, p, 16); return u;
 }
 template <class T> T __shfl_xor_sync(unsigned, T v, int o) { return shfl_xor(v, o); }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }

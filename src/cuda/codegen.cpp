@@ -358,8 +358,9 @@ struct DotOperand {
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke, bool staged);
 
-// [kb, ke): the part of the rows summed (kb a multiple of 256 U; a group kernel's K split over warps). `staged`:
-// every operand is Q8_0 stored split and the activations are already quantised in shared memory (stage_row).
+// [kb, ke): the part of the rows summed (kb a multiple of a step, 256 U; a group kernel's K split over warps).
+// `staged`: every operand is Q8_0 stored split and the activations are already quantised in shared memory
+// (stage_row, dot_rows_staged: steps of 512).
 std::string dot_rows(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                      const ActRow* act = nullptr, const std::string& kb = "0", const std::string& ke = "K",
                      bool staged = false) {
@@ -462,35 +463,38 @@ std::string stage_row(DType as, int64_t K, const std::string& at, const ActRow* 
   return t.str();
 }
 
-// dot_rows over activations stage_row left in shared memory: per step a lane's 8 quants of each operand (one
-// 8-byte load) and its block's scale against the row's 8 quants and scale, by two __dp4a.
+// dot_rows over activations stage_row left in shared memory: per step a lane's 16 quants of each operand (one
+// 16-byte load) and its block's scale, against the row's 16 quants and scale, by four __dp4a. A step covers 512
+// elements (K is a multiple of 32: a lane's quants never cross a block).
 std::string dot_rows_staged(const std::vector<DotOperand>& ws, int U, const std::string& kb, const std::string& ke) {
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
   auto step = [&](bool checked) {
     Text s;
-    s << "      i64 k0 = k_ + lane * 8;\n      uint2 x_[" << U << "];\n      float dx_[" << U << "];\n";
-    for (auto& w : ws) s << "      uint2 b_" << w.acc << "[" << U << "];\n      u16 d_" << w.acc << "[" << U << "];\n";
+    s << "      i64 k0 = k_ + lane * 16;\n      uint4 x_[" << U << "];\n      float dx_[" << U << "];\n";
+    for (auto& w : ws) s << "      uint4 b_" << w.acc << "[" << U << "];\n      u16 d_" << w.acc << "[" << U << "];\n";
     s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
-    if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
+    if (checked) s << "        if (k0 + u * 512 < " << ke << ") {\n";
     for (auto& w : ws)
-      s << "          b_" << w.acc << "[u] = ld_stream8((const u8*)" << w.ptr << " + " << w.off << " + k0 + u * 256);\n"
+      s << "          b_" << w.acc << "[u] = ld_stream16((const u8*)" << w.ptr << " + " << w.off << " + k0 + u * 512);\n"
         << "          d_" << w.acc << "[u] = __ldg((const u16*)((const u8*)" << w.ptr << " + " << w.soff
-        << ") + ((k0 + u * 256) >> 5));\n";
-    s << "          x_[u] = *(const uint2*)(xq_ + k0 + u * 256);\n          dx_[u] = xd_[(k0 + u * 256) >> 5];\n";
+        << ") + ((k0 + u * 512) >> 5));\n";
+    s << "          x_[u] = *(const uint4*)(xq_ + k0 + u * 512);\n          dx_[u] = xd_[(k0 + u * 512) >> 5];\n";
     if (checked) {
-      s << "        } else {\n          x_[u] = make_uint2(0u, 0u);\n          dx_[u] = 0.0f;\n";
-      for (auto& w : ws) s << "          b_" << w.acc << "[u] = make_uint2(0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
+      s << "        } else {\n          x_[u] = make_uint4(0u, 0u, 0u, 0u);\n          dx_[u] = 0.0f;\n";
+      for (auto& w : ws) s << "          b_" << w.acc << "[u] = make_uint4(0u, 0u, 0u, 0u);\n          d_" << w.acc << "[u] = 0;\n";
       s << "        }\n";
     }
     s << "      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
-    for (auto& w : ws)
-      s << "        " << w.acc << " += (float)__dp4a((int)b_" << w.acc << "[u].y, (int)x_[u].y, __dp4a((int)b_" << w.acc
-        << "[u].x, (int)x_[u].x, 0)) * (f16_f32(d_" << w.acc << "[u]) * dx_[u]);\n";
+    for (auto& w : ws) {
+      std::string b = "(int)b_" + w.acc + "[u].";
+      s << "        " << w.acc << " += (float)__dp4a(" << b << "w, (int)x_[u].w, __dp4a(" << b << "z, (int)x_[u].z, __dp4a("
+        << b << "y, (int)x_[u].y, __dp4a(" << b << "x, (int)x_[u].x, 0)))) * (f16_f32(d_" << w.acc << "[u]) * dx_[u]);\n";
+    }
     s << "      }\n";
     return s.str();
   };
-  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 256 * U << " <= " << ke << "; k_ += " << 256 * U << ") {\n"
+  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 512 * U << " <= " << ke << "; k_ += " << 512 * U << ") {\n"
     << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
   for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
   return t.str();
@@ -2909,9 +2913,10 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   ActRow pro;
   if (prologue >= 0) pro = group_prologue(size_t(prologue));
   int split = group_split(nunits, members_of, in_loop);
-  // (staged, the activations take 3 registers a step instead of 8: LUMINAL_CUDA_Q8_STAGE_STEPS steps of one
-  // operand in flight, 8 unless set)
-  const int stage_steps = env_int("LUMINAL_CUDA_Q8_STAGE_STEPS", 8);
+  // Staged, a step of 16 quants an operand takes 5 registers, and the activations' 5 are shared: 4 such loads in
+  // flight per warp (LUMINAL_CUDA_Q8_STAGE_STEPS to compare; 8 spills). Otherwise steps of 8 elements (SW: a
+  // step's elements).
+  const int stage_steps = env_int("LUMINAL_CUDA_Q8_STAGE_STEPS", 4), SW = SK ? 512 : 256;
   int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
   Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
@@ -2935,9 +2940,10 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     if (pair) head += "    i64 rq = min(2 * r + 1, P" + std::to_string(m0) + "[1] - 1);\n    r *= 2;\n";
     pre << head;
     body2 << head;
-    // A split kernel's warp sums the part [kb_, ke_) of its rows, a multiple of 256 U long (the last one shorter)
-    std::string part = "    i64 kc_ = (K + " + std::to_string(256 * U * split - 1) + ") / " + std::to_string(256 * U * split) +
-                       " * " + std::to_string(256 * U) + ", kb_ = min(K, sl_ * kc_), ke_ = min(K, kb_ + kc_);\n";
+    // A split kernel's warp sums the part [kb_, ke_) of its rows, a multiple of a step's SW U long (the last one
+    // shorter)
+    std::string part = "    i64 kc_ = (K + " + std::to_string(SW * U * split - 1) + ") / " + std::to_string(SW * U * split) +
+                       " * " + std::to_string(SW * U) + ", kb_ = min(K, sl_ * kc_), ke_ = min(K, kb_ + kc_);\n";
     for (int j = 0; j < c; ++j) {
       // (Float members are not prefetched: with their rows prefetched too the H100's 8B decode ran slower.)
       const Node& qn = g_.node(cs[ms[size_t(j)]].node);
@@ -3057,27 +3063,29 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   k << (split > 1 ? "  i64 r = blockIdx.x * " + per + " + w_ / " + std::to_string(split) + ";\n"
                   : std::string("  i64 r = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5;\n"))
     << pre.str() << "    }\n  }\n  pdl_start();\n";
-  if (SK) {  // (the row every unit reads: the first member's activations at row 0)
-    const ViewSlot& av = steps[members_of(0)[0]].views[0];
-    k << stage_row(storage(g_.node(cs[members_of(0)[0]].node).inputs[0].node), SK,
-                   "    i64 oa;\n    { const i64* p = P0; oa = " +
-                       ViewText{av}.offset(std::vector<std::string>(size_t(av.rank), "0")) + "; }\n",
-                   prologue >= 0 ? &pro : nullptr);
-  }
   k << "  int lane = threadIdx.x & 31;\n" << (split > 1 ? "" : "  i64 nw = ((i64)gridDim.x * blockDim.x) >> 5;\n");
   for (size_t u = 0; u < rows.size(); ++u) k << "  i64 n" << int(u) << " = " << rows[u] << ";\n";
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
+  k << ";\n";
+  if (SK) {  // (the row every unit reads: the first member's activations at row 0; not by blocks without rows)
+    const ViewSlot& av = steps[members_of(0)[0]].views[0];
+    k << "  if (blockIdx.x * " << per << " >= total) return;\n"
+      << stage_row(storage(g_.node(cs[members_of(0)[0]].node).inputs[0].node), SK,
+                   "    i64 oa;\n    { const i64* p = P0; oa = " +
+                       ViewText{av}.offset(std::vector<std::string>(size_t(av.rank), "0")) + "; }\n",
+                   prologue >= 0 ? &pro : nullptr);
+  }
   if (split > 1) {
     // `split` consecutive warps per row, each over a part of K; their sums meet in shared memory. The loop is the
     // same for the whole block (its barriers).
-    k << ";\n  int w_ = threadIdx.x >> 5, sl_ = w_ % " << split << ";\n  __shared__ float part_[8][" << nacc << "];\n"
+    k << "  int w_ = threadIdx.x >> 5, sl_ = w_ % " << split << ";\n  __shared__ float part_[8][" << nacc << "];\n"
       << "  for (i64 base_ = blockIdx.x * " << per << "; base_ < total; base_ += gridDim.x * " << per << ") {\n"
       << "    i64 row = base_ + w_ / " << split << ";\n    if (row < total) {\n    i64 r = row;\n" << body.str()
       << "    }\n    }\n    __syncthreads();\n    if (row < total && sl_ == 0) {\n    i64 r = row;\n" << body2.str()
       << "    }\n    }\n    __syncthreads();\n  }\n}\n";
   } else {
-    k << ";\n  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
+    k << "  for (i64 row = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; row < total; row += nw) {\n"
       << "    i64 r = row;\n" << body.str() << "    }\n  }\n}\n";
   }
   last_pairs_ = pairs;
