@@ -3068,10 +3068,11 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   k << "  i64 total = n0";
   for (size_t u = 1; u < rows.size(); ++u) k << " + n" << int(u);
   k << ";\n";
-  if (SK) {  // (the row every unit reads: the first member's activations at row 0; not by blocks without rows)
+  // (the row every unit reads: the first member's activations at row 0. Every block stages it, those without
+  // rows too: with those returning first the 8B's Q8_0 decode measured 3% slower.)
+  if (SK) {
     const ViewSlot& av = steps[members_of(0)[0]].views[0];
-    k << "  if (blockIdx.x * " << per << " >= total) return;\n"
-      << stage_row(storage(g_.node(cs[members_of(0)[0]].node).inputs[0].node), SK,
+    k << stage_row(storage(g_.node(cs[members_of(0)[0]].node).inputs[0].node), SK,
                    "    i64 oa;\n    { const i64* p = P0; oa = " +
                        ViewText{av}.offset(std::vector<std::string>(size_t(av.rank), "0")) + "; }\n",
                    prologue >= 0 ? &pro : nullptr);
