@@ -231,7 +231,6 @@ def test_flash_attention_flag():
 # NVRTC's compile.
 _HOST_ATTN = r"""
 struct float4 { float x, y, z, w; };
-inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __fmul_rn(float a, float b) { return a * b; }

@@ -2871,8 +2871,8 @@ int Generator::group_split(size_t nunits, const Members& members_of, bool whole_
 // The row length K of a group kernel whose activation row is quantised once per block into shared memory
 // (stage_row), or 0. Every member is a Q8_0 product with its weights stored split (so the group only runs for one
 // activation row, which all units read: the runtime checks their offsets agree) and K is known, with its quants
-// and scales within 40 KB of shared memory. Each warp then loads 8 bytes of quants a step instead of 8
-// activations, and quantises nothing in the loop; a prologue (RMSNorm) is computed once per block as the row is
+// and scales within 40 KB of shared memory. Each warp then reads the row's quants from shared memory instead of
+// loading and quantising activations in its loop; a prologue (RMSNorm) is computed once per block as the row is
 // staged. LUMINAL_CUDA_Q8_STAGE=0: never (comparison).
 template <class Members>
 int64_t Generator::group_stage(size_t nunits, const Members& members_of) const {
@@ -2995,9 +2995,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     for (int j = 0; pair && j < c; ++j)
       ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
                     "acc" + std::to_string(m0 + j) + "_1", true, split_of(j) ? "os" + std::to_string(m0 + j) + "_1" : ""});
-    // (with a prologue, the activations computed in the loop, then the products scaled by the row's scalar)
+    // (with a prologue, the activations computed in the loop, or staged; each dot product then scaled by the row's
+    // scalar)
     body << "    i64 K = P" << m0 << "[2];\n" << (SK ? "" : pro.init);
-    // (with a prologue, each dot product scaled by the row's scalar: from the staged row, or after the loop)
     std::string scaled;
     if (prologue >= 0)
       for (auto& w : ws) scaled += "    " + w.acc + " *= scale_;\n";
@@ -3250,8 +3250,8 @@ Module Generator::run() {
       mod_.group_fns.push_back(batch_kernel(G));
       continue;
     }
-    mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) { return members_of(G, u); }, [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); },
-                                          G.prologue));
+    auto epilogue = [&](size_t u) { return G.unit_epilogue[u] < 0 ? -1L : long(G.epilogues[size_t(G.unit_epilogue[u])]); };
+    mod_.group_fns.push_back(group_kernel(G.units.size(), [&](size_t u) { return members_of(G, u); }, epilogue, G.prologue));
     mod_.group_pairs.resize(mod_.group_fns.size());
     mod_.group_pairs.back() = last_pairs_;
     mod_.group_split.resize(mod_.group_fns.size(), 1);
