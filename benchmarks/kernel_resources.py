@@ -3,8 +3,11 @@
 before any device time is spent. The model is built with one layer (every layer prints the same kernels) and
 generated with `CudaCompiler(device=None)`; nvcc comes from PATH or CUDA_HOME.
 
-    python benchmarks/kernel_resources.py [--model 8b|135m] [--dtype bfloat16] [--cache-dtype bfloat16] [--arch 90]
-        [--grep flash] [--save k.cu]
+    python benchmarks/kernel_resources.py [--model 8b|135m] [--q8] [--dtype bfloat16] [--cache-dtype bfloat16]
+        [--arch 90] [--grep flash] [--save k.cu]
+
+--q8: the projections and the output head Q8_0 (graph inputs of GGUF blocks, dequantised, as a GGUF file or
+llm_gpu.py's 8b-q8 row gives them), so that the Q8_0 decode kernels are the ones printed.
 
 Prints a row per kernel (the steps that launch it, registers, spill stores and loads, stack frame, static shared
 memory), most registers first; kernels that spill are marked.
@@ -61,10 +64,16 @@ def nvcc() -> str:
     raise SystemExit("kernel_resources: nvcc not found (PATH, CUDA_HOME): ptxas's report needs the CUDA toolkit")
 
 
-def generate(model: str, dtype: str, cache: str):
+def generate(model: str, dtype: str, cache: str, q8: bool = False):
     """The CUDA module of `model`'s one-layer step graph (prompt and decode share it: symbolic lengths) and
     kernel name -> the steps that launch it."""
     m = Llama(SHAPES[model])
+    for name, w in list(m.named_parameters()) if q8 else []:
+        if len(w.shape) == 2 and name != "model.embed_tokens.weight":
+            rows, k = w.shape
+            t = m.graph.tensor((rows, k // 32 * 34), lm.uint8, name=name)
+            owner, attr = m._owner(name)
+            setattr(owner, attr, m.graph._wrap(m.graph._g.dequant("Q8_0", t._edge(), [rows, k])))
     comp = lm.CudaCompiler(dtype, device=None)
     Session(m, [GenericCompiler(), comp], cache_dtype=cache)
     ops = comp.schedule.kernel_ops(m.graph._g)
@@ -75,13 +84,14 @@ def generate(model: str, dtype: str, cache: str):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="8b", choices=sorted(SHAPES))
+    p.add_argument("--q8", action="store_true", help="Q8_0 projections and output head")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--cache-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 for the H100")
     p.add_argument("--grep", default="", help="only kernels whose steps' labels contain this")
     p.add_argument("--save", default="", help="also write the module's CUDA C here")
     a = p.parse_args()
-    source, ops = generate(a.model, a.dtype, a.cache_dtype)
+    source, ops = generate(a.model, a.dtype, a.cache_dtype, a.q8)
     if a.save:
         Path(a.save).write_text(source)
     with tempfile.TemporaryDirectory() as d:
@@ -94,7 +104,7 @@ def main():
     res = parse_ptxas(r.stderr)
     rows = [(k, ops.get(k, "(a combine or prep kernel)"), v) for k, v in res.items() if a.grep in ops.get(k, "")]
     rows.sort(key=lambda x: -x[2]["registers"])
-    print(f"{a.model}, compute {a.dtype}, {a.cache_dtype} cache, sm_{a.arch}: {len(rows)} kernels")
+    print(f"{a.model}{' Q8_0' if a.q8 else ''}, compute {a.dtype}, {a.cache_dtype} cache, sm_{a.arch}: {len(rows)} kernels")
     print(f"{'kernel':>8} {'regs':>5} {'spill st':>9} {'spill ld':>9} {'stack':>6} {'smem':>6}  steps")
     for k, what, v in rows:
         mark = "  SPILLS" if v["spill_stores"] or v["spill_loads"] else ""
