@@ -144,6 +144,8 @@ def test_kernel_resources_reads_ptxas_and_names_the_steps():
     source, ops = kr.generate("135m", "bfloat16", "bfloat16")
     assert "Attention/flash-mma-skip" in ops.values()
     assert all(f"void {k}(" in source for k in ops)
+    source, ops = kr.generate("135m", "bfloat16", "bfloat16", q8=True)  # (the q/k/v group stages its norm's row)
+    assert "Fused+MatMul x3/group" in ops.values() and "u8 xq_[" in source
 
 
 _NCU_RAW = """KERNEL k5 Fused/block
