@@ -463,6 +463,17 @@ std::string stage_row(DType as, int64_t K, const std::string& at, const ActRow* 
   return t.str();
 }
 
+// A Q8_0 dot loop's steps over [kb, ke) (`width` elements a warp each): whole steps unchecked, then one checked
+// step (`step(checked)` prints one), then each operand's accumulator summed over the warp.
+std::string dot_steps(const std::vector<DotOperand>& ws, const std::string& kb, const std::string& ke, int width,
+                      const std::function<std::string(bool)>& step) {
+  Text t;
+  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << width << " <= " << ke << "; k_ += " << width << ") {\n"
+    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
+  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
+  return t.str();
+}
+
 // dot_rows over activations stage_row left in shared memory: per step a lane's 16 quants of each operand (one
 // 16-byte load) and its block's scale, against the row's 16 quants and scale, by four __dp4a. A step covers 512
 // elements (K is a multiple of 32: a lane's quants never cross a block).
@@ -494,10 +505,7 @@ std::string dot_rows_staged(const std::vector<DotOperand>& ws, int U, const std:
     s << "      }\n";
     return s.str();
   };
-  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 512 * U << " <= " << ke << "; k_ += " << 512 * U << ") {\n"
-    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
-  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
-  return t.str();
+  return t.str() + dot_steps(ws, kb, ke, 512 * U, step);
 }
 
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
@@ -576,10 +584,7 @@ std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, c
     s << "      }\n";
     return s.str();
   };
-  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << 256 * U << " <= " << ke << "; k_ += " << 256 * U << ") {\n"
-    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
-  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
-  return t.str();
+  return t.str() + dot_steps(ws, kb, ke, 256 * U, step);
 }
 
 // The text of a matrix product's tiles over [batch..., M, N, K] (views 0 and 1 of a MatMul's parameter slice).
