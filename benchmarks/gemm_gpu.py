@@ -30,7 +30,7 @@ import torch
 import luminal as lm
 from attention_gpu import time_luminal  # the same timing for both kernel benchmarks
 
-MODES = ("own", "cublas", "tuned")
+MODES = ("own", "cublas", "tuned")  # (--modes may add our variants by name: wgmma256, wgmma128, gemm128, gemm64)
 
 
 def gpu_ms(fn, reps, table=False):
@@ -75,7 +75,7 @@ def luminal_gemm(m, k, n, x, w, f32_act, mode):
     return cx, o
 
 
-def row(m, k, n, xk, reps, show=False):
+def row(m, k, n, xk, reps, show=False, modes=MODES):
     f32_act = xk == "f32"
     g = torch.Generator(device="cuda").manual_seed(m + k + n)
     x = torch.randn(m, k, generator=g, device="cuda")
@@ -93,7 +93,7 @@ def row(m, k, n, xk, reps, show=False):
     want = peer().float()
     fl = 2 * m * k * n / 1e9
     cells = []
-    for mode in MODES + (("rows16",) if m < 16 else ()):
+    for mode in tuple(modes) + (("rows16",) if m < 16 else ()):
         cx, o = luminal_gemm(m, k, n, xin, w, f32_act, mode)
         cx.execute()  # (compile, upload, plan; tuned: the timing of the variants)
         got = torch.from_numpy(o.numpy()).cuda().float()
@@ -116,6 +116,8 @@ def main():
                    help="K x N (Llama-3-8B's Linear layers: wo, fused qkv, gate/up, down)")
     p.add_argument("--x", default="bf16,f32", help="bf16 operands and output; float32 activations and output")
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="luminal's columns: own, cublas, tuned, or one of our GEMM variants forced by name (e.g. wgmma256)")
     p.add_argument("--table", action="store_true", help="print the kernels of the first row's cuBLASLt runs")
     a = p.parse_args()
     print(torch.cuda.get_device_name(), "| cuBLASLt:", lm.cuda.cublas_available()[1].splitlines()[0], flush=True)
@@ -123,7 +125,7 @@ def main():
     for m in [int(v) for v in a.m.split(",") if v]:
         for kn in [v for v in a.kn.split(",") if v]:
             for xk in [v for v in a.x.split(",") if v]:
-                row(m, *map(int, kn.split("x")), xk, a.reps, show=a.table)
+                row(m, *map(int, kn.split("x")), xk, a.reps, show=a.table, modes=a.modes.split(","))
                 a.table = False
 
 

@@ -89,20 +89,41 @@ def test_printed_variants():
     comp = lm.CudaCompiler("bfloat16", device=None)
     cx.compile(lm.GenericCompiler(), comp)
     kinds = [[k for k, _ in vs] for _, vs, _ in comp.schedule.kernels()]
-    assert ["gemm128", "gemm64", "cublas", "mma", "gemv", "warps"] in kinds, kinds
+    assert ["wgmma256", "wgmma128", "gemm128", "gemm64", "cublas", "mma", "gemv", "warps"] in kinds, kinds
+
+
+def test_wgmma_kernels_compile():
+    """The wgmma variants (Hopper's warpgroup products) assemble for sm_90 (as sm_90a) with their accumulators
+    pinned (ptxas would otherwise serialise the products), and compile to an empty body for sm_80, whose devices
+    never run them."""
+    if needs_nvrtc():
+        pytest.skip(needs_nvrtc())
+    cx = lm.Graph()
+    _linear(cx.tensor(("s", 4096), dtype="bfloat16"), cx.tensor((6144, 4096), dtype="bfloat16")).output()
+    comp = lm.CudaCompiler("bfloat16", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    (vs,) = [vs for _, vs, _ in comp.schedule.kernels() if vs[0][0] == "wgmma256"]
+    texts = dict(comp.schedule.kernel_texts)
+    for kind, fn in vs[:2]:
+        assert "wgmma.mma_async.sync.aligned.m64n%sk16.f32.bf16.bf16" % kind[5:] in texts[fn], kind
+    for arch in (80, 90):
+        assert lm.cuda.compile_source(comp.schedule.source, arch)[:4] == b"\x7fELF"
 
 
 # ---- cuBLASLt as a GEMM variant, and the choice by timing (src/cuda/cublaslt.*, Runtime::choose) -----------------
 CUDA = Backend("cuda", lambda dtype: [lm.CudaCompiler(dtype)], needs_cuda)
 
 
-@pytest.fixture(params=["cublas", "own", "tuned"])
+@pytest.fixture(params=["cublas", "own", "tuned", "wgmma128", "wgmma256", "gemm128"])
 def gemm(request, monkeypatch):
-    """The matrix products forced onto cuBLASLt, onto our kernels, or chosen by timing (LUMINAL_CUDA_GEMM)."""
+    """The matrix products forced onto cuBLASLt, onto our kernels, onto one of them (where it applies), or chosen
+    by timing (LUMINAL_CUDA_GEMM)."""
     if needs_cuda():
         pytest.skip(needs_cuda())
     if request.param == "cublas" and not lm.cuda.cublas_available()[0]:
         pytest.skip(lm.cuda.cublas_available()[1].splitlines()[0])
+    if request.param.startswith("wgmma") and lm._core.cuda_device()["compute_capability"] != 90:
+        pytest.skip("the wgmma kernels run on sm_90 devices")
     monkeypatch.delenv("LUMINAL_CUDA_TUNE", raising=False)
     if request.param == "tuned":
         monkeypatch.delenv("LUMINAL_CUDA_GEMM", raising=False)
@@ -172,17 +193,18 @@ def test_gemm_symbolic_rows(gemm, rng):
 
 
 def test_gemm_forced_variant_runs(gemm, rng, monkeypatch, capfd):
-    """The variant that ran, from the per-step profile (LUMINAL_PROFILE=1): cuBLASLt when forced, never when our
-    kernels are; timing (with LUMINAL_CUDA_TUNE_LOG) picks one of the two."""
+    """The variant that ran, from the per-step profile (LUMINAL_PROFILE=1): the one forced (cuBLASLt, or one of ours),
+    never cuBLASLt when our kernels are; timing (with LUMINAL_CUDA_TUNE_LOG) picks one."""
     monkeypatch.setenv("LUMINAL_PROFILE", "1")
     monkeypatch.setenv("LUMINAL_CUDA_TUNE_LOG", "1")
-    m, k, n = 1000, 120, 2000  # (a shape no other test here times: its choice is logged once per process)
+    m, k, n = 1100, 120, 2000  # (no other test here times this shape: its choice is logged once per process; 9 x
+    # 16 tiles of 128 rows, enough for gemm128 on 132 multiprocessors)
     check(_linear, _linear, shapes=[(m, k), (n, k)], dtype="bfloat16", backend=CUDA, rng=rng, name=gemm,
           domain="small", tol_scale=4, atol=0.25)
     err = capfd.readouterr().err
     ran = {line.split()[0].split("/")[-1] for line in err.splitlines() if line.startswith("MatMul/")}
-    if gemm == "cublas":
-        assert ran == {"cublas"}, err
+    if gemm in ("cublas", "wgmma128", "wgmma256", "gemm128"):
+        assert ran == {gemm}, err
     elif gemm == "own":
         assert ran and "cublas" not in ran, err
     else:
@@ -236,7 +258,8 @@ def test_gemm_env_rejects_unknown(monkeypatch):
     cx = lm.Graph()
     (cx.tensor((32, 16)).set(np.ones((32, 16), np.float32)) @ cx.tensor((16, 8)).set(np.ones((16, 8), np.float32))).output()
     cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
-    with pytest.raises(ValueError, match="LUMINAL_CUDA_GEMM must be 'cublas' or 'own'"):
+    with pytest.raises(ValueError, match="LUMINAL_CUDA_GEMM must be 'cublas', 'own' or one of our GEMM variants "
+                                         r"\(wgmma256, wgmma128, gemm128, gemm64, qmma\), got 'fast'"):
         cx.execute()
 
 

@@ -275,7 +275,8 @@ std::string available_reason() {
 
 std::string compile_cubin(const std::string& source, int arch, bool* cache_hit) {
   const Nvrtc& n = nvrtc();
-  std::string arch_opt = "--gpu-architecture=sm_" + std::to_string(arch);
+  // (sm_90 as sm_90a: its wgmma instructions exist only there; such a cubin runs on sm_90 devices alone)
+  std::string arch_opt = "--gpu-architecture=sm_" + std::to_string(arch) + (arch == 90 ? "a" : "");
   const char* opts[] = {arch_opt.c_str(), "--std=c++17", "-default-device"};
   std::string key = hash_key(source + "\n" + arch_opt + " --std=c++17 -default-device\nnvrtc " +
                              std::to_string(nvrtc_version()));

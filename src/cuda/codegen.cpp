@@ -182,6 +182,19 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned* d, unsigned a) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]) : "r"(a));
 }
+// Hopper's warpgroup products (the Wgmma GEMM variants; sm_90a, as the runtime compiles for an sm_90 device). A
+// shared-memory operand's descriptor: rows of 128 bytes (64 16-bit k) stored with the 128-byte swizzle (chunk c of
+// row r at c ^ (r & 7), as the GEMM's ring stores them), groups of 8 rows 1024 bytes apart.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// (cp.async's writes, made by the generic proxy, before the products read them through the async proxy)
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
 // exp2 of softmax weights that are rounded to 16 bits next (flash_tiles): the hardware's approximation, 2 ulp
 __device__ __forceinline__ float fast_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 template <class T> __device__ __forceinline__ T warp_sum(T v) {
@@ -1142,7 +1155,9 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     std::vector<Variant> fast;
     // (empty: an operand stored in a 16-bit type other than the compute dtype; the older kernel converts it)
     Variant big = gemm_kernel(n, st, Variant::Gemm128), small = gemm_kernel(n, st, Variant::Gemm64);
-    if (!big.fn.empty()) fast = {big, small};
+    for (Variant::Kind k : {Variant::Wgmma256, Variant::Wgmma128})  // (an sm_90 device's: timed with the rest)
+      if (Variant v = gemm_kernel(n, st, k); !v.fn.empty()) fast.push_back(v);
+    if (!big.fn.empty()) fast.insert(fast.end(), {big, small});
     fast.push_back({Variant::Blas, ""});  // (after ours: with LUMINAL_CUDA_TUNE=0 the first that applies runs)
     fast.push_back({Variant::TensorCore, mma_kernel(n, st)});
     return finish(std::move(fast));
@@ -1196,6 +1211,8 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   DType as = storage(n.inputs[0].node), bs = storage(n.inputs[1].node);
   auto raw = [&](DType d) { return d == compute_; };
   if ((!raw(as) && as != DType::F32) || (!raw(bs) && bs != DType::F32)) return {kind, ""};
+  const bool wg = is_wgmma(kind);  // (Hopper's products read both operands from the ring: stored as computed)
+  if (wg && (!raw(as) || !raw(bs))) return {kind, ""};
   GemmShape G = gemm_shape(kind, !raw(as) || !raw(bs));
   const int BM = G.bm, BN = G.bn, BK = G.bk, S = G.stages, CH = BK / 8;
   const int WM = 2, WN = 4, TM = BM / WM, TN = BN / WN, MI = TM / 16, NJ = TN / 8;
@@ -1208,9 +1225,14 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   std::string od = dtype_name(n.dtype);
   auto I = [](int v) { return std::to_string(v); };
   Text t;
-  t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n"
-    << "  extern __shared__ __align__(128) u16 smem_[];  // " << S << " stages of A's tile, then of B's\n"
-    << "  i64 M = " << T.M << ", N = " << T.N << ", K = " << T.K << ";\n"
+  t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n";
+  if (wg)  // (the descriptors' swizzle repeats every 1024 bytes: each stage starts at such a boundary)
+    t << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
+      << "  extern __shared__ __align__(1024) u16 smem_raw_[];\n"
+      << "  u16* smem_ = smem_raw_ + ((1024 - (smem_u32(smem_raw_) & 1023)) & 1023) / 2;  // " << S
+      << " stages of A's tile, then of B's\n";
+  else t << "  extern __shared__ __align__(128) u16 smem_[];  // " << S << " stages of A's tile, then of B's\n";
+  t << "  i64 M = " << T.M << ", N = " << T.N << ", K = " << T.K << ";\n"
     << "  i64 m0 = (i64)blockIdx.x * " << BM << ", n0 = (i64)blockIdx.y * " << BN << ";\n"
     << unravel(av, 0, R - 3, "(i64)blockIdx.z")
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w / " << WN << ", wn = w % " << WN
@@ -1262,55 +1284,106 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << pk << "(h.x, h.y), " << pk << "(h.z, h.w));\n"
       << ind << "}\n";
   };
-  t << "  float acc[" << MI << "][" << NJ << "][4] = {};\n"
-    << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
-    << "  for (int s = 0; s < " << S - 1 << "; ++s) {\n"
-    << "    i64 k0 = (i64)s * " << BK << ";\n"
-    << "    if (s < KT) {\n";
-  load("a", as, BM, "      ");
-  load("b", bs, BN, "      ");
-  store("a", as, BM, "      ");
-  store("b", bs, BN, "      ");
-  t << "    }\n    cp_commit();\n  }\n"
-    << "  for (int kt = 0; kt < KT; ++kt) {\n"
-    << "    cp_wait<" << S - 2 << ">();  // tile kt is in\n"
-    << "    __syncthreads();             // and every warp is done with the stage refilled below (tile kt - 1's)\n"
-    << "    int nk = kt + " << S - 1 << ", s = nk % " << S << ";\n"
-    << "    i64 k0 = (i64)nk * " << BK << ";\n"
-    << "    if (nk < KT) {\n";
-  load("a", as, BM, "      ");
-  load("b", bs, BN, "      ");
-  t << "    }\n"
-    << "    const u16 *sa = " << stage(true, "(kt % " + I(S) + ")") << ", *sb = " << stage(false, "(kt % " + I(S) + ")")
-    << ";\n"
-    << "#pragma unroll\n"
-    << "    for (int kk = 0; kk < " << CH << "; kk += 2) {  // (chunks: 16 of k)\n"
-    << "      unsigned af[" << MI << "][4], bf[" << NJ << "][2];\n"
-    << "#pragma unroll\n"
-    << "      for (int i = 0; i < " << MI << "; ++i) {\n"
-    << "        int r = wm * " << TM << " + i * 16 + (lane & 15), c = kk + (lane >> 4);\n"
-    << "        ldsm_x4(af[i], smem_u32(sa + " << sw("r", "c") << "));\n      }\n"
-    << "#pragma unroll\n"
-    << "      for (int j = 0; j < " << NJ << "; j += 2) {\n"
-    << "        int r = wn * " << TN << " + j * 8 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1);\n"
-    << "        unsigned f[4];\n"
-    << "        ldsm_x4(f, smem_u32(sb + " << sw("r", "c") << "));\n"
-    << "        bf[j][0] = f[0]; bf[j][1] = f[1]; bf[j + 1][0] = f[2]; bf[j + 1][1] = f[3];\n      }\n"
-    << "#pragma unroll\n"
-    << "      for (int i = 0; i < " << MI << "; ++i)\n"
-    << "#pragma unroll\n"
-    << "        for (int j = 0; j < " << NJ << "; ++j)\n"
-    << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
-    << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
-    << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
-    << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
-       "\"r\"(bf[j][1]));\n"
-    << "    }\n"
-    << "    if (nk < KT) {\n";
-  store("a", as, BM, "      ");
-  store("b", bs, BN, "      ");
-  t << "    }\n    cp_commit();\n  }\n"
-    << "  cp_wait<0>();\n";
+  const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
+  if (wg) {
+    // The ring as above, S - 2 tiles ahead: the stage refilled at tile kt held tile kt - 2, whose products every
+    // warpgroup has waited for (wg_wait<1> at tile kt - 1, before the barrier), while tile kt - 1's may still run.
+    // Each warpgroup computes 64 rows of the tile, 4 products of k 16 per tile, from descriptors of the stages.
+    std::string regs, ops;
+    for (int r = 0; r < NR; ++r) {
+      regs += (r ? ", %" : "%") + I(r);
+      ops += std::string(r ? ", " : "") + "\"+f\"(acc[" + I(r) + "])";
+    }
+    // (the accumulators pinned where the products' asynchronous pipeline starts and ends, so that the compiler
+    // moves none of them in between)
+    const std::string pin = "    asm volatile(\"\" : " + ops + " :: \"memory\");\n";
+    t << "  float acc[" << NR << "] = {};\n"
+      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << "), wg_ = tid >> 7;\n"
+      << "  for (int s = 0; s < " << S - 2 << "; ++s) {\n"
+      << "    i64 k0 = (i64)s * " << BK << ";\n"
+      << "    if (s < KT) {\n";
+    load("a", as, BM, "      ");
+    load("b", bs, BN, "      ");
+    t << "    }\n    cp_commit();\n  }\n"
+      << "  for (int kt = 0; kt < KT; ++kt) {\n"
+      << "    cp_wait<" << S - 3 << ">();  // tile kt is in\n"
+      << "    fence_async_smem();\n"
+      << "    __syncthreads();  // (every thread's part of it; and tile kt - 2's products are done)\n"
+      << "    {\n"
+      << "      int nk = kt + " << S - 2 << ", s = nk % " << S << ";\n"
+      << "      i64 k0 = (i64)nk * " << BK << ";\n"
+      << "      if (nk < KT) {\n";
+    load("a", as, BM, "        ");
+    load("b", bs, BN, "        ");
+    t << "      }\n    }\n    cp_commit();\n"
+      << "    unsigned sa = smem_u32" << stage(true, "(kt % " + I(S) + ")") << " + wg_ * " << 64 * BK * 2
+      << ", sb = smem_u32" << stage(false, "(kt % " + I(S) + ")") << ";\n"
+      << pin << "    wg_fence();\n"
+      << "#pragma unroll\n"
+      << "    for (int j = 0; j < " << BK / 16 << "; ++j) {\n"
+      << "      unsigned long long da = wg_desc(sa + j * 32), db = wg_desc(sb + j * 32);\n"
+      << "      asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n\"\n"
+      << "                   \"wgmma.mma_async.sync.aligned.m64n" << BN << "k16.f32." << ct << "." << ct << " {" << regs
+      << "}, %" << NR << ", %" << NR + 1 << ", p, 1, 1, 0, 0;\\n}\\n\"\n"
+      << "                   : " << ops << "\n"
+      << "                   : \"l\"(da), \"l\"(db));\n"
+      << "    }\n"
+      << "    wg_commit();\n"
+      << "    wg_wait<" << env_int("LUMINAL_CUDA_WGMMA_WAIT", 1) << ">();\n" << pin
+      << "  }\n"
+      << "  wg_wait<0>();\n" << pin
+      << "  cp_wait<0>();\n";
+  } else {
+    t << "  float acc[" << MI << "][" << NJ << "][4] = {};\n"
+      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
+      << "  for (int s = 0; s < " << S - 1 << "; ++s) {\n"
+      << "    i64 k0 = (i64)s * " << BK << ";\n"
+      << "    if (s < KT) {\n";
+    load("a", as, BM, "      ");
+    load("b", bs, BN, "      ");
+    store("a", as, BM, "      ");
+    store("b", bs, BN, "      ");
+    t << "    }\n    cp_commit();\n  }\n"
+      << "  for (int kt = 0; kt < KT; ++kt) {\n"
+      << "    cp_wait<" << S - 2 << ">();  // tile kt is in\n"
+      << "    __syncthreads();             // and every warp is done with the stage refilled below (tile kt - 1's)\n"
+      << "    int nk = kt + " << S - 1 << ", s = nk % " << S << ";\n"
+      << "    i64 k0 = (i64)nk * " << BK << ";\n"
+      << "    if (nk < KT) {\n";
+    load("a", as, BM, "      ");
+    load("b", bs, BN, "      ");
+    t << "    }\n"
+      << "    const u16 *sa = " << stage(true, "(kt % " + I(S) + ")") << ", *sb = " << stage(false, "(kt % " + I(S) + ")")
+      << ";\n"
+      << "#pragma unroll\n"
+      << "    for (int kk = 0; kk < " << CH << "; kk += 2) {  // (chunks: 16 of k)\n"
+      << "      unsigned af[" << MI << "][4], bf[" << NJ << "][2];\n"
+      << "#pragma unroll\n"
+      << "      for (int i = 0; i < " << MI << "; ++i) {\n"
+      << "        int r = wm * " << TM << " + i * 16 + (lane & 15), c = kk + (lane >> 4);\n"
+      << "        ldsm_x4(af[i], smem_u32(sa + " << sw("r", "c") << "));\n      }\n"
+      << "#pragma unroll\n"
+      << "      for (int j = 0; j < " << NJ << "; j += 2) {\n"
+      << "        int r = wn * " << TN << " + j * 8 + (lane & 7) + ((lane >> 4) << 3), c = kk + ((lane >> 3) & 1);\n"
+      << "        unsigned f[4];\n"
+      << "        ldsm_x4(f, smem_u32(sb + " << sw("r", "c") << "));\n"
+      << "        bf[j][0] = f[0]; bf[j][1] = f[1]; bf[j + 1][0] = f[2]; bf[j + 1][1] = f[3];\n      }\n"
+      << "#pragma unroll\n"
+      << "      for (int i = 0; i < " << MI << "; ++i)\n"
+      << "#pragma unroll\n"
+      << "        for (int j = 0; j < " << NJ << "; ++j)\n"
+      << "          asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." << ct << "." << ct << ".f32 "
+      << "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\"\n"
+      << "                       : \"+f\"(acc[i][j][0]), \"+f\"(acc[i][j][1]), \"+f\"(acc[i][j][2]), \"+f\"(acc[i][j][3])\n"
+      << "                       : \"r\"(af[i][0]), \"r\"(af[i][1]), \"r\"(af[i][2]), \"r\"(af[i][3]), \"r\"(bf[j][0]), "
+         "\"r\"(bf[j][1]));\n"
+      << "    }\n"
+      << "    if (nk < KT) {\n";
+    store("a", as, BM, "      ");
+    store("b", bs, BN, "      ");
+    t << "    }\n    cp_commit();\n  }\n"
+      << "  cp_wait<0>();\n";
+  }
   // Each thread holds pairs of adjacent columns: one 8-byte (float32) or 4-byte store when N is even.
   std::string pair;
   if (n.dtype == DType::F32) pair = "*(float2*)((float*)out + o) = make_float2(v0, v1);";
@@ -1318,22 +1391,35 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     std::string cv = n.dtype == DType::BF16 ? "f32_bf16" : "f32_f16";
     pair = "*(unsigned*)((u16*)out + o) = (unsigned)" + cv + "(v0) | ((unsigned)" + cv + "(v1) << 16);";
   }
-  t << "  i64 ob = (i64)blockIdx.z * M;\n"
-    << "#pragma unroll\n"
-    << "  for (int i = 0; i < " << MI << "; ++i)\n"
-    << "#pragma unroll\n"
-    << "    for (int j = 0; j < " << NJ << "; ++j)\n"
-    << "#pragma unroll\n"
-    << "      for (int h = 0; h < 2; ++h) {\n"
-    << "        i64 m = m0 + wm * " << TM << " + i * 16 + g + h * 8, nn = n0 + wn * " << TN << " + j * 8 + q;\n"
-    << "        if (m >= M || nn >= N) continue;\n"
-    << "        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];\n"
-    << "        i64 o = (ob + m) * N + nn;\n";
+  t << "  i64 ob = (i64)blockIdx.z * M;\n";
+  if (wg)  // (a warpgroup's accumulators: per 8 columns j, rows g and g + 8 of its warp's 16, as mma.sync's)
+    t << "#pragma unroll\n"
+      << "  for (int i = 0; i < 1; ++i)\n"
+      << "#pragma unroll\n"
+      << "    for (int j = 0; j < " << BN / 8 << "; ++j)\n"
+      << "#pragma unroll\n"
+      << "      for (int h = 0; h < 2; ++h) {\n"
+      << "        i64 m = m0 + wg_ * 64 + (w & 3) * 16 + g + h * 8, nn = n0 + j * 8 + q;\n"
+      << "        if (m >= M || nn >= N) continue;\n"
+      << "        float v0 = acc[4 * j + 2 * h], v1 = acc[4 * j + 2 * h + 1];\n";
+  else
+    t << "#pragma unroll\n"
+      << "  for (int i = 0; i < " << MI << "; ++i)\n"
+      << "#pragma unroll\n"
+      << "    for (int j = 0; j < " << NJ << "; ++j)\n"
+      << "#pragma unroll\n"
+      << "      for (int h = 0; h < 2; ++h) {\n"
+      << "        i64 m = m0 + wm * " << TM << " + i * 16 + g + h * 8, nn = n0 + wn * " << TN << " + j * 8 + q;\n"
+      << "        if (m >= M || nn >= N) continue;\n"
+      << "        float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];\n";
+  t << "        i64 o = (ob + m) * N + nn;\n";
   if (!pair.empty())
     t << "        if ((N & 1) == 0) { " << pair << " continue; }\n";
   t << "        st_" << od << "(out, o, v0);\n"
-    << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n}\n";
-  return {kind, add_kernel(t.str()), G.smem_bytes()};
+    << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n";
+  if (wg) t << "#endif\n";
+  t << "}\n";
+  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0)};
 }
 
 // The tiled matrix product on tensor cores (same parameter slice): the fallback for rows gemm_kernel cannot take
@@ -3276,13 +3362,17 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads
   // wait in registers for a tile's products, so 64s give them twice the time (96 KB). 64 x 64: 64 KB.
   if (k == Variant::Gemm128) return f32 ? GemmShape{128, 128, 64, 3} : GemmShape{128, 128, 32, 3};
+  // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
+  if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, 6};
+  if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, 4};
   return GemmShape{64, 64, 64, 4};
 }
 
 const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
-                                "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows"};
+                                "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows",
+                                "wgmma128", "wgmma256"};
   return names[k];
 }
 

@@ -60,6 +60,9 @@ struct Variant {
                    // loaded mask is 0 run without it); LUMINAL_CUDA_FLASH_MMA_SKIP=0: FlashMma instead
     QRows,         // QMatMul Q8_0 over one row (decode) as MatVec does (dot_rows: a warp per output, float activations,
                    // the quants unpacked in registers): what a MatVec group takes a Q8_0 member in
+    Wgmma128,      // Gemm128's ring feeding Hopper's warpgroup products (wgmma, sm_90): 128 x 128 tiles, k in 64s,
+                   // both operands stored in the compute dtype
+    Wgmma256,      // the same, 128 x 256 tiles
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -73,6 +76,7 @@ struct GemmShape {
   int bm, bn, bk, stages;
   int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
 };
+inline bool is_wgmma(Variant::Kind k) { return k == Variant::Wgmma128 || k == Variant::Wgmma256; }
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.

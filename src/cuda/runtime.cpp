@@ -109,20 +109,32 @@ bool env_zero(const char* name) {
   return v && std::string(v) == "0";
 }
 
-// LUMINAL_CUDA_GEMM=cublas|own: the matrix products forced onto cuBLASLt (where it applies) or onto our kernels
-// ('c', 'o'; 0: chosen by timing, see Runtime::choose).
-char gemm_forced() {
+// LUMINAL_CUDA_GEMM=cublas|own|<variant>: the matrix products forced onto cuBLASLt (where it applies), onto our
+// kernels, or onto one of our GEMM variants by its name (variant_name: where it applies, else the first that does);
+// "" when chosen by timing (see Runtime::choose).
+std::string gemm_forced() {
   const char* v = std::getenv("LUMINAL_CUDA_GEMM");
-  if (!v || !*v) return 0;
-  std::string s(v);
-  if (s != "cublas" && s != "own") throw std::invalid_argument("LUMINAL_CUDA_GEMM must be 'cublas' or 'own', got '" + s + "'");
-  return s[0];
+  if (!v || !*v) return "";
+  std::string s(v), ours;
+  if (s == "cublas" || s == "own") return s;
+  for (Variant::Kind k : {Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128, Variant::Gemm64, Variant::QGemm}) {
+    if (s == variant_name(k)) return s;
+    ours += std::string(", ") + variant_name(k);
+  }
+  throw std::invalid_argument("LUMINAL_CUDA_GEMM must be 'cublas', 'own' or one of our GEMM variants (" +
+                              ours.substr(2) + "), got '" + s + "'");
 }
 
 // The GEMM variants, timed against each other when several apply (each is a launch with no side effect but its
 // output: see Runtime::choose).
 bool timed(Variant::Kind k) {
-  return k == Variant::Gemm128 || k == Variant::Gemm64 || k == Variant::Blas || k == Variant::QGemm;
+  return k == Variant::Gemm128 || k == Variant::Gemm64 || is_wgmma(k) || k == Variant::Blas || k == Variant::QGemm;
+}
+
+// Whether LUMINAL_CUDA_GEMM forces our kernels (cuBLASLt then never applies).
+bool ours_forced() {
+  std::string f = gemm_forced();
+  return !f.empty() && f != "cublas";
 }
 
 // Fences are reused (an event and a page-locked error word each): a decode step makes one, and creating events or
@@ -296,6 +308,7 @@ DeviceArray convert(const DeviceArray& a, DType to) {
 Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, s_.sched) {
   const Device& dev = device();
   sms_ = dev.sms;
+  hopper_ = dev.major == 9 && dev.minor == 0;
   set_context();
   std::string cubin = compile_cubin(s_.source, dev.major * 10 + dev.minor);
   check(driver().cuModuleLoadData(&module_, cubin.data()), "cuModuleLoadData");
@@ -312,7 +325,8 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
     for (const Variant& v : s_.steps[i].variants) {
       load(v.fn);
       // (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; over 48 KB needs it)
-      if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64 || (v.kind == Variant::FlashMmaSkip && v.smem))
+      if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64 || is_wgmma(v.kind) ||
+          (v.kind == Variant::FlashMmaSkip && v.smem))
         check(driver().cuFuncSetAttribute(fns_[v.fn], 8, v.smem), "cuFuncSetAttribute", v.fn);
     }
     load(s_.steps[i].rows_fn);
@@ -544,17 +558,17 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       else L_.grid[i] = {unsigned((N + 63) / 64), unsigned((rows + 63) / 64), 1};
       return true;
     }
-    case Variant::Gemm128: case Variant::Gemm64: {
+    case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256: {
       // 16-byte aligned rows (the operands' chunks; K past its last tile is zero-filled); the 128-row tiles when
-      // they alone fill the GPU, else the 64-row ones.
+      // they alone fill the GPU, else the 64-row ones. wgmma: an sm_90 device (the module compiled for sm_90a).
       const ConcreteView &a = cv[0], &b = cv[1];
       size_t r = a.shape.size();
       if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 ||
-          a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b))
+          a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b) || (is_wgmma(v.kind) && !hopper_))
         return false;
       int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
-      int64_t T = v.kind == Variant::Gemm128 ? 128 : 64;
-      int64_t tm = (M + T - 1) / T, tn = (N + T - 1) / T;
+      int64_t TM = v.kind == Variant::Gemm64 ? 64 : 128, TN = v.kind == Variant::Wgmma256 ? 256 : TM;
+      int64_t tm = (M + TM - 1) / TM, tn = (N + TN - 1) / TN;
       if (batch > 65535 || tn > 65535 || a.shape[r - 1] >= (int64_t(1) << 31)) return false;
       if (v.kind == Variant::Gemm128 && tm * tn * batch < int64_t(sms_)) return false;
       // (m tiles along x: the blocks running together share the weights' tiles, and the activations stay in L2)
@@ -569,12 +583,12 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       const Node& n = g_.node(core(i).node);
       if (op_as<QMatMulOp>(n)) {  // (Q8_0 weights: cuBLASLt over their dequantisation, see blas_plan_q8)
         int64_t N = p[3], K = p[2];
-        if (out_n == 0 || N == 0 || out_n / N < gemm_min_rows() || gemm_forced() == 'o') return false;
+        if (out_n == 0 || N == 0 || out_n / N < gemm_min_rows() || ours_forced()) return false;
         bool split = split_input(n.inputs[1].node);
         return blas_plan_q8(a, cv[1], N, K, s_.storage()[size_t(n.inputs[0].node)], n.dtype, s_.compute, split,
                             &L_.blas[i]);
       }
-      if (out_n == 0 || r < 3 || weight_rows(a, cv[1]) < gemm_min_rows() || gemm_forced() == 'o') return false;
+      if (out_n == 0 || r < 3 || weight_rows(a, cv[1]) < gemm_min_rows() || ours_forced()) return false;
       return blas_plan(a, cv[1], s_.storage()[size_t(n.inputs[0].node)], s_.storage()[size_t(n.inputs[1].node)],
                        n.dtype, s_.compute, &L_.blas[i]);
     }
@@ -693,7 +707,7 @@ void Runtime::configure(size_t i) {
   // (the tensor-core kernel between them does not apply to so few rows).
   auto& cands = L_.cands[i];
   cands.clear();
-  char forced = 0;
+  std::string forced;
   bool more = false;  // (whether to look past the first)
   size_t r = cv.size() >= 2 ? cv[0].shape.size() : 0;
   bool few = r >= 3 && cv[1].shape.size() == r && weight_rows(cv[0], cv[1]) < kFewRows;
@@ -707,17 +721,17 @@ void Runtime::configure(size_t i) {
     if (!gemm) break;
     if (cands.empty()) {  // (the environment read only here: decode's steps never get this far)
       forced = gemm_forced();
-      more = forced || !env_zero("LUMINAL_CUDA_TUNE");
+      more = !forced.empty() || !env_zero("LUMINAL_CUDA_TUNE");
     }
     cands.push_back({v, L_.grid[i]});
   }
   if (!cands.empty()) {
-    size_t pick = 0;  // (cublas forced: cuBLASLt where it applies, else the first)
-    for (size_t c = 0; forced == 'c' && c < cands.size(); ++c)
-      if (st.variants[cands[c].first].kind == Variant::Blas) pick = c;
+    size_t pick = 0;  // (the variant forced where it applies, else the first)
+    for (size_t c = 0; !forced.empty() && forced != "own" && c < cands.size(); ++c)
+      if (variant_name(st.variants[cands[c].first].kind) == forced) pick = c;
     L_.variant[i] = cands[pick].first;
     L_.grid[i] = cands[pick].second;  // (applies() left the grid of the last it took)
-    if (forced || cands.size() == 1) cands.clear();
+    if (!forced.empty() || cands.size() == 1) cands.clear();
   }
   if (!st.rows_fn.empty() && n.op == Op::Scatter) {  // Scatter: rows of the index
     int64_t row = out_n / std::max<int64_t>(1, shape.empty() ? 1 : shape[0]);
@@ -1556,7 +1570,8 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::ImplicitMma ? 128 : 256);
             break;
           }
-          case Variant::Gemm128: case Variant::Gemm64: case Variant::Blas: case Variant::QGemm: {
+          case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256:
+          case Variant::Blas: case Variant::QGemm: {
             // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
             BlasAdd add = v.kind == Variant::Blas ? blas_add(i, ptrs) : BlasAdd{};
             if (add.node >= 0) {

@@ -217,6 +217,7 @@ class Runtime {
   size_t tickets_bytes_ = 0;
   bool tickets_on_ = true;
   int sms_ = 1;
+  bool hopper_ = false;  // an sm_90 device: the wgmma GEMM variants run
   bool graphs_on_ = false, has_host_steps_ = false;
   std::vector<CUdeviceptr> scratch_ptrs_, ptr_;
   std::unordered_map<int64_t, DeviceArray> inputs_;     // the inputs given so far
