@@ -194,6 +194,24 @@ __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.s
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
 // (cp.async's writes, made by the generic proxy, before the products read them through the async proxy)
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The ring's barriers (mbarrier): a stage full (the producer's copies landed), a stage empty (its products done).
+__device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
+}
+// (arrives once this thread's cp.async copies so far have landed; counted in the barrier's init count)
+__device__ __forceinline__ void cp_arrive(unsigned a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
+  unsigned done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(a), "r"(parity) : "memory");
+  } while (!done);
+}
 #endif
 // exp2 of softmax weights that are rounded to 16 bits next (flash_tiles): the hardware's approximation, 2 ulp
 __device__ __forceinline__ float fast_exp2(float x) { float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
@@ -1225,7 +1243,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   std::string od = dtype_name(n.dtype);
   auto I = [](int v) { return std::to_string(v); };
   Text t;
-  t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n";
+  t << "extern \"C\" __global__ __launch_bounds__(" << (wg ? 384 : 256) << ") void NAME" << params(2) << " {\n";
   if (wg)  // (the descriptors' swizzle repeats every 1024 bytes: each stage starts at such a boundary)
     t << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
       << "  extern __shared__ __align__(1024) u16 smem_raw_[];\n"
@@ -1237,14 +1255,17 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     << unravel(av, 0, R - 3, "(i64)blockIdx.z")
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w / " << WN << ", wn = w % " << WN
     << ", g = lane >> 2, q = (lane & 3) * 2;\n";
-  // Staging: chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8.
+  // Staging: chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8. (wgmma: the
+  // producer warpgroup's 128 threads, lt = tid - 256, stage every tile.)
+  const int LT = wg ? 128 : 256;
+  const std::string lt = wg ? "lt" : "tid";
   auto stage_setup = [&](const char* x, const ViewText& v, DType d, int rows, bool is_a) {
-    int U = rows * CH / 256;
+    int U = rows * CH / LT;
     std::string X = x, in = is_a ? "in0" : "in1", r0 = is_a ? "m0" : "n0", lim = is_a ? "M" : "N";
     t << "  const char* g" << X << "[" << U << "]; bool r" << X << "[" << U << "]; int d" << X << "[" << U << "], c" << X
       << "[" << U << "];\n"
       << "  for (int u = 0; u < " << U << "; ++u) {\n"
-      << "    int id = tid + 256 * u, r = id / " << CH << ", c = id % " << CH << ";\n"
+      << "    int id = " << lt << " + " << LT << " * u, r = id / " << CH << ", c = id % " << CH << ";\n"
       << "    i64 row = " << r0 << " + r;\n"
       << "    r" << X << "[u] = row < " << lim << ";\n"
       << "    if (row >= " << lim << ") row = " << lim << " - 1;  // (a valid address; nothing is read)\n"
@@ -1253,8 +1274,10 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << "    d" << X << "[u] = " << sw("r", "c") << ";\n    c" << X << "[u] = c * 8;\n  }\n";
     if (!raw(d)) t << "  float4 x" << X << "[" << U << "][2];\n";
   };
-  stage_setup("a", T.a, as, BM, true);
-  stage_setup("b", T.b, bs, BN, false);
+  if (!wg) {  // (wgmma: in its producer's branch)
+    stage_setup("a", T.a, as, BM, true);
+    stage_setup("b", T.b, bs, BN, false);
+  }
   // (stage s of A's ring, or of B's)
   auto stage = [&](bool is_a, const std::string& s) {
     return "(smem_ + " + (is_a ? std::string() : std::to_string(S * BM * BK) + " + ") + s + " * " +
@@ -1262,7 +1285,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   };
   // Issue tile kt's loads into stage s (cp.async, or float32 into registers); then round the registers into it.
   auto load = [&](const char* x, DType d, int rows, const char* ind) {
-    int U = rows * CH / 256;
+    int U = rows * CH / LT;
     std::string X = x, sm = stage(X == "a", "s");
     t << ind << "for (int u = 0; u < " << U << "; ++u) {\n"
       << ind << "  bool ok = r" << X << "[u] && k0 + c" << X << "[u] < K;\n";
@@ -1276,7 +1299,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   };
   auto store = [&](const char* x, DType d, int rows, const char* ind) {
     if (raw(d)) return;
-    int U = rows * CH / 256;
+    int U = rows * CH / LT;
     std::string X = x, sm = stage(X == "a", "s");
     t << ind << "for (int u = 0; u < " << U << "; ++u) {\n"
       << ind << "  const float4 &l = x" << X << "[u][0], &h = x" << X << "[u][1];\n"
@@ -1286,9 +1309,10 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   };
   const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
   if (wg) {
-    // The ring as above, S - 2 tiles ahead: the stage refilled at tile kt held tile kt - 2, whose products every
-    // warpgroup has waited for (wg_wait<1> at tile kt - 1, before the barrier), while tile kt - 1's may still run.
-    // Each warpgroup computes 64 rows of the tile, 4 products of k 16 per tile, from descriptors of the stages.
+    // Warp-specialised: the third warpgroup (the producer) stages tile kt into stage kt % S by cp.async, each of
+    // its threads then arriving on full_[s] when its copies land; the two consumer warpgroups wait for it, compute
+    // 64 rows of the tile each (4 products of k 16, from descriptors of the stage) and, once a tile's products are
+    // done (wg_wait<1> at the next tile), arrive on empty_[s], which the producer waits for before refilling it.
     std::string regs, ops;
     for (int r = 0; r < NR; ++r) {
       regs += (r ? ", %" : "%") + I(r);
@@ -1297,27 +1321,34 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     // (the accumulators pinned where the products' asynchronous pipeline starts and ends, so that the compiler
     // moves none of them in between)
     const std::string pin = "    asm volatile(\"\" : " + ops + " :: \"memory\");\n";
-    t << "  float acc[" << NR << "] = {};\n"
-      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << "), wg_ = tid >> 7;\n"
-      << "  for (int s = 0; s < " << S - 2 << "; ++s) {\n"
-      << "    i64 k0 = (i64)s * " << BK << ";\n"
-      << "    if (s < KT) {\n";
+    t << "  __shared__ __align__(8) unsigned long long full_[" << S << "], empty_[" << S << "];\n"
+      << "  if (tid == 0)\n    for (int s = 0; s < " << S << "; ++s) {\n"
+      << "      mbar_init(smem_u32(&full_[s]), 128);\n      mbar_init(smem_u32(&empty_[s]), 256);\n    }\n"
+      << "  __syncthreads();\n"
+      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
+      << "  if (tid >= 256) {  // the producer\n"
+      << "    int lt = tid - 256;\n"
+      << "    for (int kt = 0; kt < KT; ++kt) {\n";
+    // (the copies' addresses computed per tile: kept across tiles, those of 128 x 256 tiles spilled)
+    stage_setup("a", T.a, as, BM, true);
+    stage_setup("b", T.b, bs, BN, false);
+    t << "      int s = kt % " << S << ";\n"
+      << "      i64 k0 = (i64)kt * " << BK << ";\n"
+      << "      if (kt >= " << S << ") mbar_wait(smem_u32(&empty_[s]), ((kt / " << S << ") & 1) ^ 1);\n";
     load("a", as, BM, "      ");
     load("b", bs, BN, "      ");
-    t << "    }\n    cp_commit();\n  }\n"
+    t << "      cp_arrive(smem_u32(&full_[s]));\n"
+      << "    }\n"
+      << "    return;\n"
+      << "  }\n"
+      << "  float acc[" << NR << "] = {};\n"
+      << "  int wg_ = tid >> 7;\n"
       << "  for (int kt = 0; kt < KT; ++kt) {\n"
-      << "    cp_wait<" << S - 3 << ">();  // tile kt is in\n"
+      << "    int s = kt % " << S << ";\n"
+      << "    mbar_wait(smem_u32(&full_[s]), (kt / " << S << ") & 1);\n"
       << "    fence_async_smem();\n"
-      << "    __syncthreads();  // (every thread's part of it; and tile kt - 2's products are done)\n"
-      << "    {\n"
-      << "      int nk = kt + " << S - 2 << ", s = nk % " << S << ";\n"
-      << "      i64 k0 = (i64)nk * " << BK << ";\n"
-      << "      if (nk < KT) {\n";
-    load("a", as, BM, "        ");
-    load("b", bs, BN, "        ");
-    t << "      }\n    }\n    cp_commit();\n"
-      << "    unsigned sa = smem_u32" << stage(true, "(kt % " + I(S) + ")") << " + wg_ * " << 64 * BK * 2
-      << ", sb = smem_u32" << stage(false, "(kt % " + I(S) + ")") << ";\n"
+      << "    unsigned sa = smem_u32" << stage(true, "s") << " + wg_ * " << 64 * BK * 2
+      << ", sb = smem_u32" << stage(false, "s") << ";\n"
       << pin << "    wg_fence();\n"
       << "#pragma unroll\n"
       << "    for (int j = 0; j < " << BK / 16 << "; ++j) {\n"
@@ -1329,10 +1360,10 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << "                   : \"l\"(da), \"l\"(db));\n"
       << "    }\n"
       << "    wg_commit();\n"
-      << "    wg_wait<" << env_int("LUMINAL_CUDA_WGMMA_WAIT", 1) << ">();\n" << pin
+      << "    wg_wait<1>();\n" << pin
+      << "    if (kt > 0) mbar_arrive(smem_u32(&empty_[(kt - 1) % " << S << "]));  // (tile kt - 1's products are done)\n"
       << "  }\n"
-      << "  wg_wait<0>();\n" << pin
-      << "  cp_wait<0>();\n";
+      << "  wg_wait<0>();\n" << pin;
   } else {
     t << "  float acc[" << MI << "][" << NJ << "][4] = {};\n"
       << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
@@ -1419,7 +1450,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n";
   if (wg) t << "#endif\n";
   t << "}\n";
-  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0)};
+  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0), wg ? 384 : 0};
 }
 
 // The tiled matrix product on tensor cores (same parameter slice): the fallback for rows gemm_kernel cannot take
@@ -3363,8 +3394,8 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // wait in registers for a tile's products, so 64s give them twice the time (96 KB). 64 x 64: 64 KB.
   if (k == Variant::Gemm128) return f32 ? GemmShape{128, 128, 64, 3} : GemmShape{128, 128, 32, 3};
   // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
-  if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, 6};
-  if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, 4};
+  if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6)};
+  if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
   return GemmShape{64, 64, 64, 4};
 }
 

@@ -945,8 +945,8 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     return;
   }
   if (v.kind != Variant::Blas) {
-    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), v.kind == Variant::QGemm ? 128 : 256,
-           unsigned(v.smem));
+    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(),
+           v.threads ? unsigned(v.threads) : v.kind == Variant::QGemm ? 128 : 256, unsigned(v.smem));
     return;
   }
   const Driver& dr = driver();
