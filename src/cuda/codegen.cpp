@@ -1222,7 +1222,9 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
 // zero-filled past the edges); a float32 one is loaded into registers before the tile's products and rounded two
 // floats per instruction into the ring after them, so its loads overlap the math too. Rows of 64 halves are 8
 // chunks of 16 bytes, chunk c of row r stored at c ^ (r & 7) (rows of 32: 4 chunks, at c ^ ((r >> 1) & 3)): the 8
-// rows an ldmatrix reads hit 8 distinct bank groups.
+// rows an ldmatrix reads hit 8 distinct bank groups. The wgmma kinds (Hopper) keep the ring and its layout, which
+// is the 128-byte swizzle their shared-memory descriptors name, with a third warpgroup staging the tiles and the
+// two others computing them (see below).
 Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
@@ -1425,8 +1427,6 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   t << "  i64 ob = (i64)blockIdx.z * M;\n";
   if (wg)  // (a warpgroup's accumulators: per 8 columns j, rows g and g + 8 of its warp's 16, as mma.sync's)
     t << "#pragma unroll\n"
-      << "  for (int i = 0; i < 1; ++i)\n"
-      << "#pragma unroll\n"
       << "    for (int j = 0; j < " << BN / 8 << "; ++j)\n"
       << "#pragma unroll\n"
       << "      for (int h = 0; h < 2; ++h) {\n"
@@ -3394,6 +3394,7 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // wait in registers for a tile's products, so 64s give them twice the time (96 KB). 64 x 64: 64 KB.
   if (k == Variant::Gemm128) return f32 ? GemmShape{128, 128, 64, 3} : GemmShape{128, 128, 32, 3};
   // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
+  // (LUMINAL_CUDA_WGMMA_STAGES: fewer, to compare)
   if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6)};
   if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
   return GemmShape{64, 64, 64, 4};
