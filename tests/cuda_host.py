@@ -41,6 +41,7 @@ inline void __syncthreads() { bar.wait(); }
 #define __launch_bounds__(...)
 #define __align__(n)
 inline void pdl_start() {}
+[[noreturn]] inline void __trap() { std::abort(); }
 using std::min;
 struct int2 { int x, y; };
 inline int2 make_int2(int a, int b) { return {a, b}; }

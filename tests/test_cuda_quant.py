@@ -460,7 +460,8 @@ def test_qrows_group_epilogues_on_the_host(k, staged, rng, tmp_path, monkeypatch
     rows: the last pair of rows has one) with silu(gate) * up; every warp computes two rows of its unit. Their
     weights are stored split, by __dp4a over the activation row quantised once per block into shared memory
     (staged), or in the loop (LUMINAL_CUDA_Q8_STAGE=0); 6 blocks (one partial step), 66 (K split over 4 warps a
-    row). Three blocks for the work of more: each block stages the row before its rows. Against float64 numpy."""
+    row). Three blocks for the work of more: each block stages the row before its rows. Against float64 numpy. The
+    split kernel launched with blocks of 2 warps (fewer than a row's 4) stops instead of looping for ever."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
     if not staged:
@@ -501,11 +502,11 @@ def test_qrows_group_epilogues_on_the_host(k, staged, rng, tmp_path, monkeypatch
     bufs = "".join(f"  std::vector<float> o{i}({numel(i)}, 12345.0f);\n" for i in ids)
     loads = "".join(f'  std::vector<char> {n} = load("{n}.bin");\n' for n in data)
     main = f"""
-int main() {{
+int main(int argc, char** argv) {{
   std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, p)) + "}" for p in slices)}}};
 {loads}{bufs}  int err = 0;
   packed = {{&o, &g, &u}};
-  launch(3, 1, 1, 256, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
+  launch(3, 1, 1, argc > 1 ? std::atoi(argv[1]) : 256, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
   FILE* f = std::fopen("out.bin", "wb");
   std::fwrite(o{epilogues[0]}.data(), 4, o{epilogues[0]}.size(), f);
   std::fwrite(o{epilogues[1]}.data(), 4, o{epilogues[1]}.size(), f);
@@ -521,6 +522,8 @@ int main() {{
     p = {n: expected_dp4a(x, data[n], k) for n in vals}  # (split weights: by __dp4a)
     want = np.concatenate([(res + p["o"]).ravel(), (p["g"] / (1 + np.exp(-p["g"])) * p["u"]).ravel()])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
+    if k == 2112:  # (blocks of 2 warps for a row split over 4: the kernel stops, rather than loop for ever)
+        assert subprocess.run([str(exe), "64"], cwd=tmp_path, timeout=60, capture_output=True).returncode != 0
 
 
 def test_q8_group_as_rows_change(backend, rng, monkeypatch, capfd):

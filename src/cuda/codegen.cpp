@@ -3202,7 +3202,10 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   if (split > 1) {
     // `split` consecutive warps per row, each over a part of K; their sums meet in shared memory. The loop is the
     // same for the whole block (its barriers).
+    // (a launch of other blocks than the runtime's 256 threads, which would never advance, or overrun part_,
+    // stops the kernel loudly)
     k << "  int w_ = threadIdx.x >> 5, sl_ = w_ % " << split << ";\n  __shared__ float part_[8][" << nacc << "];\n"
+      << "  if ((int)(blockDim.x >> 5) < " << split << " || blockDim.x > 256) __trap();\n"
       << "  for (i64 base_ = blockIdx.x * " << per << "; base_ < total; base_ += gridDim.x * " << per << ") {\n"
       << "    i64 row = base_ + w_ / " << split << ";\n    if (row < total) {\n    i64 r = row;\n" << body.str()
       << "    }\n    }\n    __syncthreads();\n    if (row < total && sl_ == 0) {\n    i64 r = row;\n" << body2.str()
