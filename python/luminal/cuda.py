@@ -99,7 +99,8 @@ def generate_sources(graph, dtype="float32") -> str:
 
 
 def compile_source(source: str, arch: int) -> bytes:
-    """Compiles CUDA C with NVRTC for sm_<arch>; raises CudaError with NVRTC's log and the source on an error."""
+    """Compiles CUDA C with NVRTC for sm_<arch> (90: sm_90a, where the wgmma GEMM kernels assemble); raises CudaError
+    with NVRTC's log and the source on an error."""
     return _core.cuda_compile(source, int(arch))[0]
 
 
