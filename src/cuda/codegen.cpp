@@ -1309,8 +1309,8 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << pk << "(h.x, h.y), " << pk << "(h.z, h.w));\n"
       << ind << "}\n";
   };
-  const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
   if (wg) {
+    const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
     // Warp-specialised: the third warpgroup (the producer) stages tile kt into stage kt % S by cp.async, each of
     // its threads then arriving on full_[s] when its copies land; the two consumer warpgroups wait for it, compute
     // 64 rows of the tile each (4 products of k 16, from descriptors of the stage) and, once a tile's products are

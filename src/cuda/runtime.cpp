@@ -109,6 +109,10 @@ bool env_zero(const char* name) {
   return v && std::string(v) == "0";
 }
 
+// Our GEMM variants, in the order the printer lists them (see timed()).
+constexpr Variant::Kind kOurGemms[] = {Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128, Variant::Gemm64,
+                                       Variant::QGemm};
+
 // LUMINAL_CUDA_GEMM=cublas|own|<variant>: the matrix products forced onto cuBLASLt (where it applies), onto our
 // kernels, or onto one of our GEMM variants by its name (variant_name: where it applies, else the first that does);
 // "" when chosen by timing (see Runtime::choose).
@@ -117,7 +121,7 @@ std::string gemm_forced() {
   if (!v || !*v) return "";
   std::string s(v), ours;
   if (s == "cublas" || s == "own") return s;
-  for (Variant::Kind k : {Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128, Variant::Gemm64, Variant::QGemm}) {
+  for (Variant::Kind k : kOurGemms) {
     if (s == variant_name(k)) return s;
     ours += std::string(", ") + variant_name(k);
   }
@@ -128,7 +132,7 @@ std::string gemm_forced() {
 // The GEMM variants, timed against each other when several apply (each is a launch with no side effect but its
 // output: see Runtime::choose).
 bool timed(Variant::Kind k) {
-  return k == Variant::Gemm128 || k == Variant::Gemm64 || is_wgmma(k) || k == Variant::Blas || k == Variant::QGemm;
+  return k == Variant::Blas || std::find(std::begin(kOurGemms), std::end(kOurGemms), k) != std::end(kOurGemms);
 }
 
 // Whether LUMINAL_CUDA_GEMM forces our kernels (cuBLASLt then never applies).
