@@ -137,6 +137,7 @@ Driver load_driver() {
   d.cuGraphAddChildGraphNode = reinterpret_cast<decltype(d.cuGraphAddChildGraphNode)>(dlsym(h, "cuGraphAddChildGraphNode"));
   d.cuGraphExecChildGraphNodeSetParams =
       reinterpret_cast<decltype(d.cuGraphExecChildGraphNodeSetParams)>(dlsym(h, "cuGraphExecChildGraphNodeSetParams"));
+  d.cuTensorMapEncodeTiled = reinterpret_cast<decltype(d.cuTensorMapEncodeTiled)>(dlsym(h, "cuTensorMapEncodeTiled"));
   return d;
 }
 

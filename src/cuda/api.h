@@ -44,6 +44,17 @@ struct KernelNodeParams {
 };
 using nvrtcProgram = struct _nvrtcProgram*;
 
+// cuda.h's CUtensorMap: 128 opaque bytes (64-byte aligned) that cuTensorMapEncodeTiled fills and a kernel takes by
+// value (the Hopper GEMM's operands).
+struct alignas(64) TensorMap {
+  unsigned long long words[16];
+  bool operator==(const TensorMap& o) const {
+    for (int k = 0; k < 16; ++k)
+      if (words[k] != o.words[k]) return false;
+    return true;
+  }
+};
+
 // Driver entry points (the _v2 symbols where cuda.h maps a name onto one).
 struct Driver {
   CUresult (*cuInit)(unsigned);
@@ -94,6 +105,10 @@ struct Driver {
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
   CUresult (*cuGraphAddChildGraphNode)(CUgraphNode*, CUgraph, const CUgraphNode*, size_t, CUgraph);
   CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
+  // Optional (CUDA 12.0+): a tensor map of a tiled region (data type, rank, address, dims, byte strides of dims 1..,
+  // box, element strides, interleave, swizzle, L2 promotion, out-of-bounds fill).
+  CUresult (*cuTensorMapEncodeTiled)(TensorMap*, int, unsigned, void*, const unsigned long long*,
+                                     const unsigned long long*, const unsigned*, const unsigned*, int, int, int, int);
 };
 
 struct Nvrtc {

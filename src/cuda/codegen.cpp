@@ -185,6 +185,14 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned* d, unsigned a) {
 // Hopper's warpgroup products (the Wgmma GEMM variants; sm_90a, as the runtime compiles for an sm_90 device). A
 // shared-memory operand's descriptor: rows of 128 bytes (64 16-bit k) stored with the 128-byte swizzle (chunk c of
 // row r at c ^ (r & 7), as the GEMM's ring stores them), groups of 8 rows 1024 bytes apart.
+// TmaMap: a tensor map (the driver's CUtensorMap, encoded by the runtime), passed by value as a __grid_constant__
+// parameter; the Tensor Memory Accelerator copies boxes of it into shared memory.
+struct __align__(64) TmaMap { unsigned long long w[16]; };
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define CLUSTER2 __cluster_dims__(2, 1, 1)
+#else
+#define CLUSTER2
+#endif
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
@@ -192,8 +200,6 @@ __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-// (cp.async's writes, made by the generic proxy, before the products read them through the async proxy)
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 // The ring's barriers (mbarrier): a stage full (the producer's copies landed), a stage empty (its products done).
 __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(a), "r"(count) : "memory");
@@ -201,9 +207,32 @@ __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
 __device__ __forceinline__ void mbar_arrive(unsigned a) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
 }
-// (arrives once this thread's cp.async copies so far have landed; counted in the barrier's init count)
-__device__ __forceinline__ void cp_arrive(unsigned a) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
+// (arrives and expects `bytes` more of asynchronous copies: the TMA copies that complete it)
+__device__ __forceinline__ void mbar_expect(unsigned a, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
+}
+// (arrives on the barrier at the same place in the shared memory of the cluster's block `rank`)
+__device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
+  asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}"
+               ::"r"(a), "r"(rank) : "memory");
+}
+// The box of `map` at (c0, c1, c2) into shared memory at dst, counted on barrier bar; _mc: into the same place of
+// every block of the cluster in `mask`, counted on each one's barrier.
+__device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+               ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void tma_load_mc(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar,
+                                            unsigned short mask) {
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+               " [%0], [%1, {%2, %3, %4}], [%5], %6;"
+               ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask) : "memory");
+}
+__device__ __forceinline__ unsigned cluster_rank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
+// Every thread of the cluster's blocks: their barriers initialised before any block signals another's, and no block
+// leaving while another may still write into its shared memory.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
   unsigned done;
@@ -1173,7 +1202,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     std::vector<Variant> fast;
     // (empty: an operand stored in a 16-bit type other than the compute dtype; the older kernel converts it)
     Variant big = gemm_kernel(n, st, Variant::Gemm128), small = gemm_kernel(n, st, Variant::Gemm64);
-    for (Variant::Kind k : {Variant::Wgmma256, Variant::Wgmma128})  // (an sm_90 device's: timed with the rest)
+    for (Variant::Kind k : {Variant::Wgmma256x2, Variant::Wgmma256, Variant::Wgmma128})  // (an sm_90 device's: timed with the rest)
       if (Variant v = gemm_kernel(n, st, k); !v.fn.empty()) fast.push_back(v);
     if (!big.fn.empty()) fast.insert(fast.end(), {big, small});
     fast.push_back({Variant::Blas, ""});  // (after ours: with LUMINAL_CUDA_TUNE=0 the first that applies runs)
@@ -1223,8 +1252,8 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
 // floats per instruction into the ring after them, so its loads overlap the math too. Rows of 64 halves are 8
 // chunks of 16 bytes, chunk c of row r stored at c ^ (r & 7) (rows of 32: 4 chunks, at c ^ ((r >> 1) & 3)): the 8
 // rows an ldmatrix reads hit 8 distinct bank groups. The wgmma kinds (Hopper) keep the ring and its layout, which
-// is the 128-byte swizzle their shared-memory descriptors name, with a third warpgroup staging the tiles and the
-// two others computing them (see below).
+// is the 128-byte swizzle their shared-memory descriptors name and the Tensor Memory Accelerator writes: a ninth
+// warp has it copy the tiles, two warpgroups compute them (see below).
 Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind) {
   const ViewSlot& av = st.views[0];
   int R = av.rank;
@@ -1245,7 +1274,13 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   std::string od = dtype_name(n.dtype);
   auto I = [](int v) { return std::to_string(v); };
   Text t;
-  t << "extern \"C\" __global__ __launch_bounds__(" << (wg ? 384 : 256) << ") void NAME" << params(2) << " {\n";
+  const int CL = kind == Variant::Wgmma256x2 ? 2 : 1;  // (blocks of a cluster)
+  if (wg) {  // (the tensor maps of A's and B's tiles after the usual parameters)
+    std::string ps = params(2);
+    ps.pop_back();
+    t << "extern \"C\" __global__ __launch_bounds__(288, 1) " << (CL > 1 ? "CLUSTER2 " : "") << "void NAME" << ps
+      << ", const __grid_constant__ TmaMap ma, const __grid_constant__ TmaMap mb) {\n";
+  } else t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n";
   if (wg)  // (the descriptors' swizzle repeats every 1024 bytes: each stage starts at such a boundary)
     t << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
       << "  extern __shared__ __align__(1024) u16 smem_raw_[];\n"
@@ -1254,13 +1289,12 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   else t << "  extern __shared__ __align__(128) u16 smem_[];  // " << S << " stages of A's tile, then of B's\n";
   t << "  i64 M = " << T.M << ", N = " << T.N << ", K = " << T.K << ";\n"
     << "  i64 m0 = (i64)blockIdx.x * " << BM << ", n0 = (i64)blockIdx.y * " << BN << ";\n"
-    << unravel(av, 0, R - 3, "(i64)blockIdx.z")
-    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, wm = w / " << WN << ", wn = w % " << WN
-    << ", g = lane >> 2, q = (lane & 3) * 2;\n";
-  // Staging: chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8. (wgmma: the
-  // producer warpgroup's 128 threads, lt = tid - 256, stage every tile.)
-  const int LT = wg ? 128 : 256;
-  const std::string lt = wg ? "lt" : "tid";
+    << (wg ? "" : unravel(av, 0, R - 3, "(i64)blockIdx.z"))
+    << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, "
+    << (wg ? "" : "wm = w / " + I(WN) + ", wn = w % " + I(WN) + ", ") << "g = lane >> 2, q = (lane & 3) * 2;\n";
+  // Staging (not wgmma's): chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8.
+  const int LT = 256;
+  const std::string lt = "tid";
   auto stage_setup = [&](const char* x, const ViewText& v, DType d, int rows, bool is_a) {
     int U = rows * CH / LT;
     std::string X = x, in = is_a ? "in0" : "in1", r0 = is_a ? "m0" : "n0", lim = is_a ? "M" : "N";
@@ -1276,7 +1310,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << "    d" << X << "[u] = " << sw("r", "c") << ";\n    c" << X << "[u] = c * 8;\n  }\n";
     if (!raw(d)) t << "  float4 x" << X << "[" << U << "][2];\n";
   };
-  if (!wg) {  // (wgmma: in its producer's branch)
+  if (!wg) {
     stage_setup("a", T.a, as, BM, true);
     stage_setup("b", T.b, bs, BN, false);
   }
@@ -1311,10 +1345,13 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   };
   if (wg) {
     const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
-    // Warp-specialised: the third warpgroup (the producer) stages tile kt into stage kt % S by cp.async, each of
-    // its threads then arriving on full_[s] when its copies land; the two consumer warpgroups wait for it, compute
-    // 64 rows of the tile each (4 products of k 16, from descriptors of the stage) and, once a tile's products are
-    // done (wg_wait<1> at the next tile), arrive on empty_[s], which the producer waits for before refilling it.
+    // Warp-specialised: one thread of the ninth warp (the producer) has the Tensor Memory Accelerator copy tile kt
+    // into stage kt % S (boxes of the tensor maps ma and mb, swizzled as the descriptors read them, zero past the
+    // edges), counted on full_[s]; the two consumer warpgroups wait for it, compute 64 rows of the tile each (4
+    // products of k 16, from descriptors of the stage) and, once a tile's products are done (wg_wait<1> at the next
+    // tile), arrive on empty_[s], which the producer waits for before refilling it. In a cluster of 2 blocks (the
+    // same columns, the next rows) each block copies half of B's tile into both blocks' stages: a stage is
+    // refilled once both blocks' warps released it.
     std::string regs, ops;
     for (int r = 0; r < NR; ++r) {
       regs += (r ? ", %" : "%") + I(r);
@@ -1325,30 +1362,32 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     const std::string pin = "    asm volatile(\"\" : " + ops + " :: \"memory\");\n";
     t << "  __shared__ __align__(8) unsigned long long full_[" << S << "], empty_[" << S << "];\n"
       << "  if (tid == 0)\n    for (int s = 0; s < " << S << "; ++s) {\n"
-      << "      mbar_init(smem_u32(&full_[s]), 128);\n      mbar_init(smem_u32(&empty_[s]), 256);\n    }\n"
-      << "  __syncthreads();\n"
-      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
+      << "      mbar_init(smem_u32(&full_[s]), 1);\n      mbar_init(smem_u32(&empty_[s]), " << 8 * CL << ");\n    }\n";
+    if (CL > 1)
+      t << "  asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
+        << "  cluster_sync();\n"
+        << "  unsigned rank = cluster_rank();\n";
+    else t << "  __syncthreads();\n";
+    t << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << "), z = blockIdx.z;\n"
       << "  if (tid >= 256) {  // the producer\n"
-      << "    int lt = tid - 256;\n"
-      << "    for (int kt = 0; kt < KT; ++kt) {\n";
-    // (the copies' addresses computed per tile: kept across tiles, those of 128 x 256 tiles spilled)
-    stage_setup("a", T.a, as, BM, true);
-    stage_setup("b", T.b, bs, BN, false);
-    t << "      int s = kt % " << S << ";\n"
-      << "      i64 k0 = (i64)kt * " << BK << ";\n"
-      << "      if (kt >= " << S << ") mbar_wait(smem_u32(&empty_[s]), ((kt / " << S << ") & 1) ^ 1);\n";
-    load("a", as, BM, "      ");
-    load("b", bs, BN, "      ");
-    t << "      cp_arrive(smem_u32(&full_[s]));\n"
-      << "    }\n"
-      << "    return;\n"
-      << "  }\n"
+      << "    if (tid == 256)\n"
+      << "      for (int kt = 0; kt < KT; ++kt) {\n"
+      << "        int s = kt % " << S << ";\n"
+      << "        unsigned f = smem_u32(&full_[s]);\n"
+      << "        if (kt >= " << S << ") mbar_wait(smem_u32(&empty_[s]), ((kt / " << S << ") & 1) ^ 1);\n"
+      << "        mbar_expect(f, " << (BM + BN) * BK * 2 << ");\n"
+      << "        tma_load(smem_u32" << stage(true, "s") << ", &ma, kt * " << BK << ", (int)m0, z, f);\n";
+    if (CL > 1)
+      t << "        tma_load_mc(smem_u32" << stage(false, "s") << " + rank * " << BN / 2 * BK * 2 << ", &mb, kt * " << BK
+        << ", (int)n0 + rank * " << BN / 2 << ", z, f, 3);\n";
+    else t << "        tma_load(smem_u32" << stage(false, "s") << ", &mb, kt * " << BK << ", (int)n0, z, f);\n";
+    t << "      }\n"
+      << "  } else {\n"
       << "  float acc[" << NR << "] = {};\n"
       << "  int wg_ = tid >> 7;\n"
       << "  for (int kt = 0; kt < KT; ++kt) {\n"
       << "    int s = kt % " << S << ";\n"
       << "    mbar_wait(smem_u32(&full_[s]), (kt / " << S << ") & 1);\n"
-      << "    fence_async_smem();\n"
       << "    unsigned sa = smem_u32" << stage(true, "s") << " + wg_ * " << 64 * BK * 2
       << ", sb = smem_u32" << stage(false, "s") << ";\n"
       << pin << "    wg_fence();\n"
@@ -1363,7 +1402,10 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << "    }\n"
       << "    wg_commit();\n"
       << "    wg_wait<1>();\n" << pin
-      << "    if (kt > 0) mbar_arrive(smem_u32(&empty_[(kt - 1) % " << S << "]));  // (tile kt - 1's products are done)\n"
+      << "    if (kt > 0 && lane == 0) {  // (tile kt - 1's products are done: this warp's release of its stage)\n"
+      << "      unsigned e = smem_u32(&empty_[(kt - 1) % " << S << "]);\n"
+      << (CL > 1 ? "      mbar_arrive(e);\n      mbar_arrive_at(e, rank ^ 1);\n" : "      mbar_arrive(e);\n")
+      << "    }\n"
       << "  }\n"
       << "  wg_wait<0>();\n" << pin;
   } else {
@@ -1448,9 +1490,9 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     t << "        if ((N & 1) == 0) { " << pair << " continue; }\n";
   t << "        st_" << od << "(out, o, v0);\n"
     << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n";
-  if (wg) t << "#endif\n";
+  if (wg) t << "  }\n" << (CL > 1 ? "  __syncwarp();\n  cluster_sync();\n" : "") << "#endif\n";
   t << "}\n";
-  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0), wg ? 384 : 0};
+  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0), wg ? 288 : 0};
 }
 
 // The tiled matrix product on tensor cores (same parameter slice): the fallback for rows gemm_kernel cannot take
@@ -3399,7 +3441,8 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
   // (LUMINAL_CUDA_WGMMA_STAGES: fewer, to compare)
   if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6)};
-  if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
+  if (k == Variant::Wgmma256 || k == Variant::Wgmma256x2)
+    return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
   return GemmShape{64, 64, 64, 4};
 }
 
@@ -3407,7 +3450,7 @@ const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
                                 "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows",
-                                "wgmma128", "wgmma256"};
+                                "wgmma128", "wgmma256", "wgmma256x2"};
   return names[k];
 }
 

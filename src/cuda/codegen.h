@@ -60,9 +60,11 @@ struct Variant {
                    // loaded mask is 0 run without it); LUMINAL_CUDA_FLASH_MMA_SKIP=0: FlashMma instead
     QRows,         // QMatMul Q8_0 over one row (decode) as MatVec does (dot_rows: a warp per output, float activations,
                    // the quants unpacked in registers): what a MatVec group takes a Q8_0 member in
-    Wgmma128,      // Gemm128's ring feeding Hopper's warpgroup products (wgmma, sm_90): 128 x 128 tiles, k in 64s,
-                   // both operands stored in the compute dtype
+    Wgmma128,      // Hopper's warpgroup products (wgmma, sm_90) over a ring of stages that the Tensor Memory
+                   // Accelerator fills (tensor maps): 128 x 128 tiles, k in 64s, both operands stored in the compute
+                   // dtype, rows that a tensor map can describe
     Wgmma256,      // the same, 128 x 256 tiles
+    Wgmma256x2,    // the same in clusters of 2 blocks (the next 128 rows) that share their B tiles (TMA multicast)
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -76,7 +78,9 @@ struct GemmShape {
   int bm, bn, bk, stages;
   int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
 };
-inline bool is_wgmma(Variant::Kind k) { return k == Variant::Wgmma128 || k == Variant::Wgmma256; }
+inline bool is_wgmma(Variant::Kind k) {
+  return k == Variant::Wgmma128 || k == Variant::Wgmma256 || k == Variant::Wgmma256x2;
+}
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.

@@ -110,8 +110,8 @@ bool env_zero(const char* name) {
 }
 
 // Our GEMM variants, in the order the printer lists them (see timed()).
-constexpr Variant::Kind kOurGemms[] = {Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128, Variant::Gemm64,
-                                       Variant::QGemm};
+constexpr Variant::Kind kOurGemms[] = {Variant::Wgmma256x2, Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128,
+                                       Variant::Gemm64, Variant::QGemm};
 
 // LUMINAL_CUDA_GEMM=cublas|own|<variant>: the matrix products forced onto cuBLASLt (where it applies), onto our
 // kernels, or onto one of our GEMM variants by its name (variant_name: where it applies, else the first that does);
@@ -365,6 +365,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
   L_.extra.assign(ns, 0);
   L_.cands.assign(ns, {});
   L_.blas.assign(ns, {});
+  L_.maps.assign(ns, {});
   auto labels = std::make_shared<std::vector<std::string>>(g_.size());
   for (int64_t id = 0; id < int64_t(g_.size()); ++id) (*labels)[size_t(id)] = op_label(g_.node(id));
   labels_ = labels;
@@ -409,6 +410,28 @@ bool rows_aligned(const ConcreteView& a, const ConcreteView& b) {
   for (size_t d = 0; d + 1 < r; ++d)
     if (a.strides[d] % 8 || b.strides[d] % 8) aligned = false;
   return aligned;
+}
+
+// Operand `v` (in the GEMM's axis order: batch..., M, N, K) as a tensor map describes it, its rows along axis
+// `rows`: false where no map can (rows of k contiguous and 16-byte aligned, see rows_aligned; its batch axes one
+// run of `batch` matrices, not broadcast over them).
+bool tma_side(const ConcreteView& v, size_t rows, int64_t batch, GemmMaps::Side* s) {
+  size_t r = v.shape.size();
+  int64_t n = 1, first = 0, want = 0;
+  for (size_t d = r - 3; d-- > 0;) {  // (the batch axes, innermost first)
+    if (v.shape[d] == 1) continue;
+    if (n == 1) first = want = v.strides[d];
+    else if (v.strides[d] != want) return false;
+    want *= v.shape[d];
+    n *= v.shape[d];
+  }
+  int64_t rs = v.strides[rows];
+  if (n != batch || rs <= 0 || (batch > 1 && first <= 0)) return false;
+  int64_t bs = batch > 1 ? first : rs * v.shape[rows];  // (one matrix: any stride a map takes)
+  if (std::max(rs, bs) * 2 >= (int64_t(1) << 40)) return false;
+  *s = {{(unsigned long long)v.shape[r - 1], (unsigned long long)v.shape[rows], (unsigned long long)batch},
+        {(unsigned long long)rs * 2, (unsigned long long)bs * 2}, v.offset};
+  return true;
 }
 }  // namespace
 
@@ -562,19 +585,29 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       else L_.grid[i] = {unsigned((N + 63) / 64), unsigned((rows + 63) / 64), 1};
       return true;
     }
-    case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256: {
+    case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256:
+    case Variant::Wgmma256x2: {
       // 16-byte aligned rows (the operands' chunks; K past its last tile is zero-filled); the 128-row tiles when
-      // they alone fill the GPU, else the 64-row ones. wgmma: an sm_90 device (the module compiled for sm_90a).
+      // they alone fill the GPU, else the 64-row ones. wgmma: an sm_90 device (the module compiled for sm_90a) and
+      // operands that tensor maps describe (their m tiles in pairs for the clusters of 2).
       const ConcreteView &a = cv[0], &b = cv[1];
       size_t r = a.shape.size();
       if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 ||
-          a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b) || (is_wgmma(v.kind) && !hopper_))
+          a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b))
         return false;
       int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
-      int64_t TM = v.kind == Variant::Gemm64 ? 64 : 128, TN = v.kind == Variant::Wgmma256 ? 256 : TM;
+      int64_t TM = v.kind == Variant::Gemm64 ? 64 : 128, TN = v.kind == Variant::Wgmma128 || !is_wgmma(v.kind) ? TM : 256;
       int64_t tm = (M + TM - 1) / TM, tn = (N + TN - 1) / TN;
       if (batch > 65535 || tn > 65535 || a.shape[r - 1] >= (int64_t(1) << 31)) return false;
       if (v.kind == Variant::Gemm128 && tm * tn * batch < int64_t(sms_)) return false;
+      if (is_wgmma(v.kind)) {
+        GemmMaps& g = L_.maps[i];
+        if (!hopper_ || !driver().cuTensorMapEncodeTiled || M >= (int64_t(1) << 31) || N >= (int64_t(1) << 31) ||
+            !tma_side(a, r - 3, batch, &g.a) || !tma_side(b, r - 2, batch, &g.b))
+          return false;
+        g.kind = -1;  // (encoded at launch)
+        if (v.kind == Variant::Wgmma256x2) tm += tm & 1;
+      }
       // (m tiles along x: the blocks running together share the weights' tiles, and the activations stay in L2)
       L_.grid[i] = {unsigned(tm), unsigned(tn), unsigned(batch)};
       return true;
@@ -852,7 +885,8 @@ void Runtime::upload_plan() {
 }
 
 void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t items, bool per_row,
-                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads, unsigned smem) {
+                     const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3, unsigned threads, unsigned smem,
+                     const std::vector<TensorMap>* maps) {
   if (items <= 0 && !graphs_on_) return;  // (in a graph the node stays, a no-op: the sequence stays the same)
   ++launched_;
   // Recorded into a reused entry (no allocation per launch once warm).
@@ -875,6 +909,8 @@ void Runtime::launch(const std::string& fn, int64_t node, size_t slot, int64_t i
   l.args.push_back(params_->ptr + slot * sizeof(int64_t));
   l.args.push_back(err_->ptr);
   l.args.insert(l.args.end(), ptrs.begin(), ptrs.end());
+  l.maps.clear();
+  if (maps) l.maps = *maps;
   if (!graphs_on_) execute(l);
   else if (++npending_ == chunk_size(nchunk_)) replay(npending_);
 }
@@ -884,6 +920,17 @@ namespace {
 CUstream capture_stream() {
   static CUstream s = nonblocking_stream();
   return s;
+}
+
+// The tensor map of a wgmma GEMM's operand at `base`: boxes of 64 k x `rows` rows, 16-bit elements, stored in
+// shared memory with the 128-byte swizzle; zeros past the edges.
+TensorMap tensor_map(const GemmMaps::Side& s, CUdeviceptr base, unsigned rows) {
+  TensorMap m;
+  unsigned box[3] = {64, rows, 1}, one[3] = {1, 1, 1};
+  check(driver().cuTensorMapEncodeTiled(&m, 1 /* UINT16 */, 3, reinterpret_cast<void*>(base + CUdeviceptr(s.offset) * 2),
+                                        s.dim, s.stride, box, one, 0, 3 /* 128B swizzle */, 3 /* L2 256B */, 0),
+        "cuTensorMapEncodeTiled");
+  return m;
 }
 
 bool row_major(const ConcreteView& v) {
@@ -946,6 +993,19 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
   int64_t id = core(i).node;
   if (v.kind == Variant::MatVec) {  // (a candidate for few rows: its grid as in any run)
     launch(v.fn, id, L_.slot[i], L_.items[i], true, ptrs);
+    return;
+  }
+  if (is_wgmma(v.kind)) {  // (its operands' tensor maps: encoded again for another variant or other pointers)
+    GemmMaps& g = L_.maps[i];
+    if (g.kind != int(v.kind) || g.pa != ptrs[1] || g.pb != ptrs[2]) {
+      unsigned a_rows = 128, b_rows = v.kind == Variant::Wgmma256 ? 256 : 128;  // (x2: half of B's 256 each)
+      g.maps = {tensor_map(g.a, ptrs[1], a_rows), tensor_map(g.b, ptrs[2], b_rows)};
+      g.kind = int(v.kind);
+      g.pa = ptrs[1];
+      g.pb = ptrs[2];
+    }
+    launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), unsigned(v.threads), unsigned(v.smem),
+           &g.maps);
     return;
   }
   if (v.kind != Variant::Blas) {
@@ -1145,11 +1205,13 @@ void Runtime::execute(const Launch& l) {
   void* small[16];
   std::vector<void*> big;
   void** args = small;
-  if (l.args.size() > 16) {
-    big.resize(l.args.size());
+  size_t na = l.args.size();
+  if (na + l.maps.size() > 16) {
+    big.resize(na + l.maps.size());
     args = big.data();
   }
-  for (size_t k = 0; k < l.args.size(); ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
+  for (size_t k = 0; k < na; ++k) args[k] = const_cast<CUdeviceptr*>(&l.args[k]);
+  for (size_t k = 0; k < l.maps.size(); ++k) args[na + k] = const_cast<TensorMap*>(&l.maps[k]);
   CUresult r =
       driver().cuLaunchKernel(l.f, l.grid[0], l.grid[1], l.grid[2], l.threads, 1, 1, l.smem, nullptr, args, nullptr);
   if (r) {
@@ -1160,9 +1222,10 @@ void Runtime::execute(const Launch& l) {
 
 namespace {
 KernelNodeParams node_params(CUfunction f, const unsigned* grid, unsigned threads, unsigned smem,
-                             std::vector<void*>& argp, std::vector<CUdeviceptr>& args) {
-  argp.resize(args.size());
+                             std::vector<void*>& argp, std::vector<CUdeviceptr>& args, std::vector<TensorMap>& maps) {
+  argp.resize(args.size() + maps.size());
   for (size_t k = 0; k < args.size(); ++k) argp[k] = &args[k];
+  for (size_t k = 0; k < maps.size(); ++k) argp[args.size() + k] = &maps[k];
   KernelNodeParams p{};
   p.func = f;
   p.gridDimX = grid[0];
@@ -1186,7 +1249,8 @@ void Runtime::replay(size_t n) {
   npending_ = 0;
   bool same = c.exec && n == c.launches.size() && c.pdl == pdl_;
   for (size_t i = 0; same && i < n; ++i)
-    same = pending_[i].f == c.launches[i].f && pending_[i].args.size() == c.launches[i].args.size();
+    same = pending_[i].f == c.launches[i].f && pending_[i].args.size() == c.launches[i].args.size() &&
+           pending_[i].maps.size() == c.launches[i].maps.size();
   std::vector<void*> argp;
   if (same) {
     for (size_t i = 0; i < n && same; ++i) {
@@ -1196,8 +1260,10 @@ void Runtime::replay(size_t n) {
                (d.cuGraphExecChildGraphNodeSetParams && !d.cuGraphExecChildGraphNodeSetParams(c.exec, c.nodes[i], now.child));
         continue;
       }
-      if (now.args == was.args && now.threads == was.threads && std::equal(now.grid, now.grid + 3, was.grid)) continue;
-      KernelNodeParams p = node_params(now.f, now.grid, now.threads, now.smem, argp, now.args);
+      if (now.args == was.args && now.maps == was.maps && now.threads == was.threads &&
+          std::equal(now.grid, now.grid + 3, was.grid))
+        continue;
+      KernelNodeParams p = node_params(now.f, now.grid, now.threads, now.smem, argp, now.args, now.maps);
       check(d.cuGraphExecKernelNodeSetParams(c.exec, c.nodes[i], &p), "cuGraphExecKernelNodeSetParams");
     }
   }
@@ -1224,7 +1290,7 @@ void Runtime::replay(size_t n) {
               "cuGraphAddChildGraphNode");
         continue;
       }
-      KernelNodeParams p = node_params(l.f, l.grid, l.threads, l.smem, argp, pending_[i].args);
+      KernelNodeParams p = node_params(l.f, l.grid, l.threads, l.smem, argp, pending_[i].args, pending_[i].maps);
       check(d.cuGraphAddKernelNode(&c.nodes[i], c.graph, chain ? &c.nodes[i - 1] : nullptr, chain ? 1 : 0, &p),
             "cuGraphAddKernelNode");
       if (i && !chain) check(d.cuGraphAddDependencies(c.graph, &c.nodes[i - 1], &c.nodes[i], &edge, 1), "cuGraphAddDependencies");
@@ -1575,7 +1641,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             break;
           }
           case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256:
-          case Variant::Blas: case Variant::QGemm: {
+          case Variant::Wgmma256x2: case Variant::Blas: case Variant::QGemm: {
             // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
             BlasAdd add = v.kind == Variant::Blas ? blas_add(i, ptrs) : BlasAdd{};
             if (add.node >= 0) {

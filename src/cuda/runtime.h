@@ -64,6 +64,18 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
 void download(const DeviceArray& a, void* host);
 DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding as a Cast does
 
+// A wgmma GEMM's operands as its tensor maps describe them (3 dims: k, rows, batch; the byte strides of rows and
+// batch; the view's offset, elements), and the maps last encoded from them (for which variant and pointers).
+struct GemmMaps {
+  struct Side {
+    unsigned long long dim[3], stride[2];
+    int64_t offset;
+  } a, b;
+  int kind = -1;  // (Variant::Kind of the maps below; -1: none yet)
+  CUdeviceptr pa = 0, pb = 0;
+  std::vector<TensorMap> maps;
+};
+
 // A product's Add (Step::add_epilogue) that cuBLASLt computes in its place: out = a.b + c into the Add's buffer.
 struct BlasAdd {
   int64_t node = -1;  // the Add (-1: none)
@@ -111,6 +123,7 @@ class Runtime {
     // per step: the GEMM variants that apply when several do (each with its grid), timed at its first run (choose)
     std::vector<std::vector<std::pair<size_t, std::array<unsigned, 3>>>> cands;
     std::vector<BlasGemm> blas;                               // per step: its product as cuBLASLt runs it
+    std::vector<GemmMaps> maps;                               // per step: its operands as a wgmma GEMM reads them
   };
   const luminal::Step& core(size_t i) const { return s_.sched.steps[i]; }
   void configure(size_t i);  // step i's parameter slice, variant and launch, from the plan
@@ -133,7 +146,7 @@ class Runtime {
   Bindings last_dims_, last_delta_;      // the dims of the run before, and how they moved (to predict the next)
   void launch(const std::string& fn, int64_t node, size_t param_slot, int64_t items, bool per_row,
               const std::vector<CUdeviceptr>& ptrs, const unsigned* grid3 = nullptr, unsigned threads = 256,
-              unsigned smem = 0);
+              unsigned smem = 0, const std::vector<TensorMap>* maps = nullptr);
 
   Graph g_;
   Module s_;
@@ -149,6 +162,7 @@ class Runtime {
     CUfunction f;  // null: a cuBLASLt product, `child` (captured by launch_gemm), a child graph node of the chunk
     unsigned grid[3], threads, smem = 0;  // (smem: dynamic shared memory, bytes)
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
+    std::vector<TensorMap> maps;    // then these, by value (a wgmma GEMM's operands)
     int64_t node;
     CUgraph child = nullptr;
     uint64_t child_id = 0;  // (which capture: an address may come back for another graph)
