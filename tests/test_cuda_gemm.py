@@ -89,7 +89,7 @@ def test_printed_variants():
     comp = lm.CudaCompiler("bfloat16", device=None)
     cx.compile(lm.GenericCompiler(), comp)
     kinds = [[k for k, _ in vs] for _, vs, _ in comp.schedule.kernels()]
-    assert ["wgmma256x2", "wgmma256", "wgmma128", "gemm128", "gemm64", "cublas", "mma", "gemv", "warps"] in kinds, kinds
+    assert ["wgmma256", "wgmma128", "gemm128", "gemm64", "cublas", "mma", "gemv", "warps"] in kinds, kinds
 
 
 def test_wgmma_kernels_compile():
@@ -102,10 +102,10 @@ def test_wgmma_kernels_compile():
     _linear(cx.tensor(("s", 4096), dtype="bfloat16"), cx.tensor((6144, 4096), dtype="bfloat16")).output()
     comp = lm.CudaCompiler("bfloat16", device=None)
     cx.compile(lm.GenericCompiler(), comp)
-    (vs,) = [vs for _, vs, _ in comp.schedule.kernels() if vs[0][0] == "wgmma256x2"]
+    (vs,) = [vs for _, vs, _ in comp.schedule.kernels() if vs[0][0] == "wgmma256"]
     texts = dict(comp.schedule.kernel_texts)
-    for kind, fn in vs[:3]:
-        assert "wgmma.mma_async.sync.aligned.m64n%sk16.f32.bf16.bf16" % kind[5:8] in texts[fn], kind
+    for kind, fn in vs[:2]:
+        assert "wgmma.mma_async.sync.aligned.m64n%sk16.f32.bf16.bf16" % kind[5:] in texts[fn], kind
         assert "cp.async.bulk.tensor" in texts[fn] or "tma_load" in texts[fn], kind
     for arch in (80, 90):
         assert lm.cuda.compile_source(comp.schedule.source, arch)[:4] == b"\x7fELF"
@@ -115,7 +115,7 @@ def test_wgmma_kernels_compile():
 CUDA = Backend("cuda", lambda dtype: [lm.CudaCompiler(dtype)], needs_cuda)
 
 
-@pytest.fixture(params=["cublas", "own", "tuned", "wgmma128", "wgmma256", "wgmma256x2", "gemm128"])
+@pytest.fixture(params=["cublas", "own", "tuned", "wgmma128", "wgmma256", "gemm128"])
 def gemm(request, monkeypatch):
     """The matrix products forced onto cuBLASLt, onto our kernels, onto one of them (where it applies), or chosen
     by timing (LUMINAL_CUDA_GEMM)."""
@@ -260,7 +260,7 @@ def test_gemm_env_rejects_unknown(monkeypatch):
     (cx.tensor((32, 16)).set(np.ones((32, 16), np.float32)) @ cx.tensor((16, 8)).set(np.ones((16, 8), np.float32))).output()
     cx.compile(lm.GenericCompiler(), lm.CudaCompiler("bfloat16"))
     with pytest.raises(ValueError, match="LUMINAL_CUDA_GEMM must be 'cublas', 'own' or one of our GEMM variants "
-                                         r"\(wgmma256x2, wgmma256, wgmma128, gemm128, gemm64, qmma\), got 'fast'"):
+                                         r"\(wgmma256, wgmma128, gemm128, gemm64, qmma\), got 'fast'"):
         cx.execute()
 
 

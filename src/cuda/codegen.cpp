@@ -189,11 +189,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned* d, unsigned a) {
 // parameter; the Tensor Memory Accelerator copies boxes of it into shared memory.
 struct __align__(64) TmaMap { unsigned long long w[16]; };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define CLUSTER2 __cluster_dims__(2, 1, 1)
-#else
-#define CLUSTER2
-#endif
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
@@ -211,29 +206,24 @@ __device__ __forceinline__ void mbar_arrive(unsigned a) {
 __device__ __forceinline__ void mbar_expect(unsigned a, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
 }
-// (arrives on the barrier at the same place in the shared memory of the cluster's block `rank`)
-__device__ __forceinline__ void mbar_arrive_at(unsigned a, unsigned rank) {
-  asm volatile("{\n.reg .b32 r;\nmapa.shared::cluster.u32 r, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}"
-               ::"r"(a), "r"(rank) : "memory");
-}
-// The box of `map` at (c0, c1, c2) into shared memory at dst, counted on barrier bar; _mc: into the same place of
-// every block of the cluster in `mask`, counted on each one's barrier.
+// The box of `map` at (c0, c1, c2) into shared memory at dst, counted on barrier bar.
 __device__ __forceinline__ void tma_load(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar) {
   asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
                ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
-__device__ __forceinline__ void tma_load_mc(unsigned dst, const TmaMap* map, int c0, int c1, int c2, unsigned bar,
-                                            unsigned short mask) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-               " [%0], [%1, {%2, %3, %4}], [%5], %6;"
-               ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask) : "memory");
+// Shared memory at src into the box of `map` at (c0, c1, c2) (nothing written past the map's edges), as one bulk
+// group of this thread once committed; tma_read_wait: until its groups have read their shared memory.
+__device__ __forceinline__ void tma_store(const TmaMap* map, int c0, int c1, int c2, unsigned src) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];"
+               ::"l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(src) : "memory");
 }
-__device__ __forceinline__ unsigned cluster_rank() { unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r)); return r; }
-// Every thread of the cluster's blocks: their barriers initialised before any block signals another's, and no block
-// leaving while another may still write into its shared memory.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
+__device__ __forceinline__ void tma_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void tma_read_wait() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+__device__ __forceinline__ void tma_wait() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// (shared memory written by threads, before the Tensor Memory Accelerator reads it)
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A barrier of the GEMM's two consumer warpgroups only (named barrier 1; the producer warp runs on)
+__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 __device__ __forceinline__ void mbar_wait(unsigned a, unsigned parity) {
   unsigned done;
   do {
@@ -1202,7 +1192,7 @@ void Generator::matmul_fast_kernels(const Node& n, Step& st) {
     std::vector<Variant> fast;
     // (empty: an operand stored in a 16-bit type other than the compute dtype; the older kernel converts it)
     Variant big = gemm_kernel(n, st, Variant::Gemm128), small = gemm_kernel(n, st, Variant::Gemm64);
-    for (Variant::Kind k : {Variant::Wgmma256x2, Variant::Wgmma256, Variant::Wgmma128})  // (an sm_90 device's: timed with the rest)
+    for (Variant::Kind k : {Variant::Wgmma256, Variant::Wgmma128})  // (an sm_90 device's: timed with the rest)
       if (Variant v = gemm_kernel(n, st, k); !v.fn.empty()) fast.push_back(v);
     if (!big.fn.empty()) fast.insert(fast.end(), {big, small});
     fast.push_back({Variant::Blas, ""});  // (after ours: with LUMINAL_CUDA_TUNE=0 the first that applies runs)
@@ -1261,6 +1251,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   auto raw = [&](DType d) { return d == compute_; };
   if ((!raw(as) && as != DType::F32) || (!raw(bs) && bs != DType::F32)) return {kind, ""};
   const bool wg = is_wgmma(kind);  // (Hopper's products read both operands from the ring: stored as computed)
+  const bool tstore = wg && (n.dtype == DType::BF16 || n.dtype == DType::F16);  // (see the wgmma epilogue)
   if (wg && (!raw(as) || !raw(bs))) return {kind, ""};
   GemmShape G = gemm_shape(kind, !raw(as) || !raw(bs));
   const int BM = G.bm, BN = G.bn, BK = G.bk, S = G.stages, CH = BK / 8;
@@ -1274,12 +1265,11 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   std::string od = dtype_name(n.dtype);
   auto I = [](int v) { return std::to_string(v); };
   Text t;
-  const int CL = kind == Variant::Wgmma256x2 ? 2 : 1;  // (blocks of a cluster)
   if (wg) {  // (the tensor maps of A's and B's tiles after the usual parameters)
     std::string ps = params(2);
     ps.pop_back();
-    t << "extern \"C\" __global__ __launch_bounds__(288, 1) " << (CL > 1 ? "CLUSTER2 " : "") << "void NAME" << ps
-      << ", const __grid_constant__ TmaMap ma, const __grid_constant__ TmaMap mb) {\n";
+    t << "extern \"C\" __global__ __launch_bounds__(288, 1) void NAME" << ps
+      << ", const __grid_constant__ TmaMap ma, const __grid_constant__ TmaMap mb, const __grid_constant__ TmaMap mo) {\n";
   } else t << "extern \"C\" __global__ __launch_bounds__(256) void NAME" << params(2) << " {\n";
   if (wg)  // (the descriptors' swizzle repeats every 1024 bytes: each stage starts at such a boundary)
     t << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n"
@@ -1288,8 +1278,8 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << " stages of A's tile, then of B's\n";
   else t << "  extern __shared__ __align__(128) u16 smem_[];  // " << S << " stages of A's tile, then of B's\n";
   t << "  i64 M = " << T.M << ", N = " << T.N << ", K = " << T.K << ";\n"
-    << "  i64 m0 = (i64)blockIdx.x * " << BM << ", n0 = (i64)blockIdx.y * " << BN << ";\n"
-    << (wg ? "" : unravel(av, 0, R - 3, "(i64)blockIdx.z"))
+    << (wg ? "" : "  i64 m0 = (i64)blockIdx.x * " + I(BM) + ", n0 = (i64)blockIdx.y * " + I(BN) + ";\n" +
+                      unravel(av, 0, R - 3, "(i64)blockIdx.z"))
     << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, "
     << (wg ? "" : "wm = w / " + I(WN) + ", wn = w % " + I(WN) + ", ") << "g = lane >> 2, q = (lane & 3) * 2;\n";
   // Staging (not wgmma's): chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8.
@@ -1345,13 +1335,13 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   };
   if (wg) {
     const int NR = BN / 2;  // (a warpgroup's m64 x BN accumulators: BN / 2 per thread)
-    // Warp-specialised: one thread of the ninth warp (the producer) has the Tensor Memory Accelerator copy tile kt
-    // into stage kt % S (boxes of the tensor maps ma and mb, swizzled as the descriptors read them, zero past the
-    // edges), counted on full_[s]; the two consumer warpgroups wait for it, compute 64 rows of the tile each (4
-    // products of k 16, from descriptors of the stage) and, once a tile's products are done (wg_wait<1> at the next
-    // tile), arrive on empty_[s], which the producer waits for before refilling it. In a cluster of 2 blocks (the
-    // same columns, the next rows) each block copies half of B's tile into both blocks' stages: a stage is
-    // refilled once both blocks' warps released it.
+    // Warp-specialised and persistent: a block takes tiles in turn, gridDim.x of them apart. One thread of the
+    // ninth warp (the producer) has the Tensor Memory Accelerator copy its tiles' k steps (iteration `it` of the
+    // block) into stage it % S (boxes of the tensor maps ma and mb, swizzled as the descriptors read them, zero
+    // past the edges), counted on full_[s]; the two consumer warpgroups wait for it, compute 64 rows of the tile
+    // each (4 products of k 16, from descriptors of the stage) and, once an iteration's products are done
+    // (wg_wait<1> at the next one, wg_wait<0> at the tile's end), arrive on empty_[s], which the producer waits for
+    // before refilling it: it runs ahead into the next tile while the consumers store the last.
     std::string regs, ops;
     for (int r = 0; r < NR; ++r) {
       regs += (r ? ", %" : "%") + I(r);
@@ -1360,34 +1350,44 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     // (the accumulators pinned where the products' asynchronous pipeline starts and ends, so that the compiler
     // moves none of them in between)
     const std::string pin = "    asm volatile(\"\" : " + ops + " :: \"memory\");\n";
+    // (tiles in groups of G rows of tiles, each group's columns in turn: the blocks running together share a group's
+    // rows of A and a few columns of B, which L2 keeps, instead of all of A, which it may not)
+    const int G = 16;
+    const std::string tiles = "    for (int u = blockIdx.x; u < units; u += gridDim.x) {\n"
+                              "      int grp = u / (" + I(G) + " * tn), in = u % (" + I(G) + " * tn), gm = min(" + I(G) +
+                              ", tu - grp * " + I(G) + ");\n"
+                              "      i64 m0 = (i64)(grp * " + I(G) + " + in % gm) * " + I(BM) + ", n0 = (i64)(in / gm) * " +
+                              I(BN) + ";\n";
     t << "  __shared__ __align__(8) unsigned long long full_[" << S << "], empty_[" << S << "];\n"
       << "  if (tid == 0)\n    for (int s = 0; s < " << S << "; ++s) {\n"
-      << "      mbar_init(smem_u32(&full_[s]), 1);\n      mbar_init(smem_u32(&empty_[s]), " << 8 * CL << ");\n    }\n";
-    if (CL > 1)
-      t << "  asm volatile(\"fence.mbarrier_init.release.cluster;\" ::: \"memory\");\n"
-        << "  cluster_sync();\n"
-        << "  unsigned rank = cluster_rank();\n";
-    else t << "  __syncthreads();\n";
-    t << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << "), z = blockIdx.z;\n"
+      << "      mbar_init(smem_u32(&full_[s]), 1);\n      mbar_init(smem_u32(&empty_[s]), 8);\n    }\n"
+      << "  __syncthreads();\n"
+      << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << "), z = blockIdx.z;\n"
+      << "  int tu = (int)((M + " << BM - 1 << ") / " << BM << "), tn = (int)((N + " << BN - 1 << ") / " << BN
+      << "), units = tu * tn;\n"
       << "  if (tid >= 256) {  // the producer\n"
-      << "    if (tid == 256)\n"
-      << "      for (int kt = 0; kt < KT; ++kt) {\n"
-      << "        int s = kt % " << S << ";\n"
+      << "    if (tid == 256) {\n"
+      << "    int it = 0;\n"
+      << tiles
+      << "      for (int kt = 0; kt < KT; ++kt, ++it) {\n"
+      << "        int s = it % " << S << ";\n"
       << "        unsigned f = smem_u32(&full_[s]);\n"
-      << "        if (kt >= " << S << ") mbar_wait(smem_u32(&empty_[s]), ((kt / " << S << ") & 1) ^ 1);\n"
+      << "        if (it >= " << S << ") mbar_wait(smem_u32(&empty_[s]), ((it / " << S << ") & 1) ^ 1);\n"
       << "        mbar_expect(f, " << (BM + BN) * BK * 2 << ");\n"
-      << "        tma_load(smem_u32" << stage(true, "s") << ", &ma, kt * " << BK << ", (int)m0, z, f);\n";
-    if (CL > 1)
-      t << "        tma_load_mc(smem_u32" << stage(false, "s") << " + rank * " << BN / 2 * BK * 2 << ", &mb, kt * " << BK
-        << ", (int)n0 + rank * " << BN / 2 << ", z, f, 3);\n";
-    else t << "        tma_load(smem_u32" << stage(false, "s") << ", &mb, kt * " << BK << ", (int)n0, z, f);\n";
-    t << "      }\n"
+      << "        tma_load(smem_u32" << stage(true, "s") << ", &ma, kt * " << BK << ", (int)m0, z, f);\n"
+      << "        tma_load(smem_u32" << stage(false, "s") << ", &mb, kt * " << BK << ", (int)n0, z, f);\n"
+      << "      }\n"
+      << "    }\n"
+      << "    }\n"
       << "  } else {\n"
-      << "  float acc[" << NR << "] = {};\n"
-      << "  int wg_ = tid >> 7;\n"
-      << "  for (int kt = 0; kt < KT; ++kt) {\n"
-      << "    int s = kt % " << S << ";\n"
-      << "    mbar_wait(smem_u32(&full_[s]), (kt / " << S << ") & 1);\n"
+      << "  float acc[" << NR << "];\n"
+      << "  int wg_ = tid >> 7, it = 0;\n"
+      << tiles
+      << "#pragma unroll\n"
+      << "    for (int r = 0; r < " << NR << "; ++r) acc[r] = 0.f;\n"
+      << "  for (int kt = 0; kt < KT; ++kt, ++it) {\n"
+      << "    int s = it % " << S << ";\n"
+      << "    mbar_wait(smem_u32(&full_[s]), (it / " << S << ") & 1);\n"
       << "    unsigned sa = smem_u32" << stage(true, "s") << " + wg_ * " << 64 * BK * 2
       << ", sb = smem_u32" << stage(false, "s") << ";\n"
       << pin << "    wg_fence();\n"
@@ -1402,12 +1402,43 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
       << "    }\n"
       << "    wg_commit();\n"
       << "    wg_wait<1>();\n" << pin
-      << "    if (kt > 0 && lane == 0) {  // (tile kt - 1's products are done: this warp's release of its stage)\n"
-      << "      unsigned e = smem_u32(&empty_[(kt - 1) % " << S << "]);\n"
-      << (CL > 1 ? "      mbar_arrive(e);\n      mbar_arrive_at(e, rank ^ 1);\n" : "      mbar_arrive(e);\n")
-      << "    }\n"
+      << "    if (kt > 0 && lane == 0) mbar_arrive(smem_u32(&empty_[(it - 1) % " << S << "]));  // (iteration it - 1's "
+         "products are done)\n"
       << "  }\n"
-      << "  wg_wait<0>();\n" << pin;
+      << "  wg_wait<0>();\n" << pin
+      << "  if (lane == 0) mbar_arrive(smem_u32(&empty_[(it - 1) % " << S << "]));  // (and the tile's last)\n";
+    if (tstore) {
+      // A 16-bit output of rows of 8k at a 16-byte aligned address (the runtime encodes mo then): the tile stored
+      // by the Tensor Memory Accelerator from shared memory after the ring, 128 columns at a time (two boxes of 64,
+      // 128-byte swizzle: the 8 rows of a warp's store hit 8 distinct bank groups), so that the consumers go on to
+      // the next tile while it writes; before the next 128 columns overwrite that memory, the stores before have
+      // read it.
+      std::string ebuf = "smem_u32(smem_ + " + I(S * (BM + BN) * BK) + ")";
+      t << "  if ((N & 7) == 0 && ((unsigned long long)out & 15) == 0) {\n"
+        << "#pragma unroll\n"
+        << "    for (int c = 0; c < " << BN / 128 << "; ++c) {\n"
+        << "      if (tid == 0) tma_read_wait();\n"
+        << "      consumers_sync();\n"
+        << "#pragma unroll\n"
+        << "      for (int jj = 0; jj < 16; ++jj)\n"
+        << "#pragma unroll\n"
+        << "        for (int h = 0; h < 2; ++h) {\n"
+        << "          int r = wg_ * 64 + (w & 3) * 16 + g + h * 8, j = c * 16 + jj;\n"
+        << "          unsigned x = pack_" << od << "(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);\n"
+        << "          asm volatile(\"st.shared.b32 [%0], %1;\" :: \"r\"(" << ebuf
+        << " + (jj >> 3) * 16384 + r * 128 + (((jj & 7) ^ (r & 7)) << 4) + (lane & 3) * 4), \"r\"(x) : \"memory\");\n"
+        << "        }\n"
+        << "      fence_async_smem();\n"
+        << "      consumers_sync();\n"
+        << "      if (tid == 0) {\n"
+        << "        tma_store(&mo, (int)n0 + c * 128, (int)m0, z, " << ebuf << ");\n"
+        << "        tma_store(&mo, (int)n0 + c * 128 + 64, (int)m0, z, " << ebuf << " + 16384);\n"
+        << "        tma_commit();\n"
+        << "      }\n"
+        << "    }\n"
+        << "    continue;\n"
+        << "  }\n";
+    }
   } else {
     t << "  float acc[" << MI << "][" << NJ << "][4] = {};\n"
       << "  int KT = (int)((K + " << BK - 1 << ") / " << BK << ");\n"
@@ -1490,9 +1521,11 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     t << "        if ((N & 1) == 0) { " << pair << " continue; }\n";
   t << "        st_" << od << "(out, o, v0);\n"
     << "        if (nn + 1 < N) st_" << od << "(out, o + 1, v1);\n      }\n";
-  if (wg) t << "  }\n" << (CL > 1 ? "  __syncwarp();\n  cluster_sync();\n" : "") << "#endif\n";
+  if (wg) t << "    }\n" << (tstore ? "  if (tid == 0) tma_wait();  // (before the block's shared memory goes)\n" : "")
+            << "  }\n#endif\n";
   t << "}\n";
-  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0), wg ? 288 : 0};
+  // (wgmma: the ring aligned by hand to 1024 bytes, and 128 x 128 16-bit outputs for the stores)
+  return {kind, add_kernel(t.str()), G.smem_bytes() + (wg ? 1024 : 0) + (tstore ? 32768 : 0), wg ? 288 : 0};
 }
 
 // The tiled matrix product on tensor cores (same parameter slice): the fallback for rows gemm_kernel cannot take
@@ -3441,7 +3474,7 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
   // (LUMINAL_CUDA_WGMMA_STAGES: fewer, to compare)
   if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6)};
-  if (k == Variant::Wgmma256 || k == Variant::Wgmma256x2)
+  if (k == Variant::Wgmma256)
     return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
   return GemmShape{64, 64, 64, 4};
 }
@@ -3450,7 +3483,7 @@ const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
                                 "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows",
-                                "wgmma128", "wgmma256", "wgmma256x2"};
+                                "wgmma128", "wgmma256"};
   return names[k];
 }
 

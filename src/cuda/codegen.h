@@ -64,7 +64,6 @@ struct Variant {
                    // Accelerator fills (tensor maps): 128 x 128 tiles, k in 64s, both operands stored in the compute
                    // dtype, rows that a tensor map can describe
     Wgmma256,      // the same, 128 x 256 tiles
-    Wgmma256x2,    // the same in clusters of 2 blocks (the next 128 rows) that share their B tiles (TMA multicast)
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -79,7 +78,7 @@ struct GemmShape {
   int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
 };
 inline bool is_wgmma(Variant::Kind k) {
-  return k == Variant::Wgmma128 || k == Variant::Wgmma256 || k == Variant::Wgmma256x2;
+  return k == Variant::Wgmma128 || k == Variant::Wgmma256;
 }
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 

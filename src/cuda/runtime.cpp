@@ -110,8 +110,8 @@ bool env_zero(const char* name) {
 }
 
 // Our GEMM variants, in the order the printer lists them (see timed()).
-constexpr Variant::Kind kOurGemms[] = {Variant::Wgmma256x2, Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128,
-                                       Variant::Gemm64, Variant::QGemm};
+constexpr Variant::Kind kOurGemms[] = {Variant::Wgmma256, Variant::Wgmma128, Variant::Gemm128, Variant::Gemm64,
+                                       Variant::QGemm};
 
 // LUMINAL_CUDA_GEMM=cublas|own|<variant>: the matrix products forced onto cuBLASLt (where it applies), onto our
 // kernels, or onto one of our GEMM variants by its name (variant_name: where it applies, else the first that does);
@@ -585,11 +585,10 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       else L_.grid[i] = {unsigned((N + 63) / 64), unsigned((rows + 63) / 64), 1};
       return true;
     }
-    case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256:
-    case Variant::Wgmma256x2: {
+    case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256: {
       // 16-byte aligned rows (the operands' chunks; K past its last tile is zero-filled); the 128-row tiles when
       // they alone fill the GPU, else the 64-row ones. wgmma: an sm_90 device (the module compiled for sm_90a) and
-      // operands that tensor maps describe (their m tiles in pairs for the clusters of 2).
+      // operands that tensor maps describe.
       const ConcreteView &a = cv[0], &b = cv[1];
       size_t r = a.shape.size();
       if (out_n == 0 || r < 3 || a.strides[r - 2] != 0 || b.strides[r - 3] != 0 ||
@@ -606,7 +605,12 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
             !tma_side(a, r - 3, batch, &g.a) || !tma_side(b, r - 2, batch, &g.b))
           return false;
         g.kind = -1;  // (encoded at launch)
-        if (v.kind == Variant::Wgmma256x2) tm += tm & 1;
+        g.store = dtype_size(g_.node(core(i).node).dtype) == 2;
+        uint64_t n2 = uint64_t(N) * 2;
+        g.o = {{uint64_t(N), uint64_t(M), uint64_t(batch)}, {n2, n2 * uint64_t(M)}, 0};
+        // Persistent: a block per multiprocessor at most, each taking tiles in turn.
+        L_.grid[i] = {unsigned(std::min<int64_t>(tm * tn, sms_)), 1, unsigned(batch)};
+        return true;
       }
       // (m tiles along x: the blocks running together share the weights' tiles, and the activations stay in L2)
       L_.grid[i] = {unsigned(tm), unsigned(tn), unsigned(batch)};
@@ -922,8 +926,8 @@ CUstream capture_stream() {
   return s;
 }
 
-// The tensor map of a wgmma GEMM's operand at `base`: boxes of 64 k x `rows` rows, 16-bit elements, stored in
-// shared memory with the 128-byte swizzle; zeros past the edges.
+// The tensor map of a wgmma GEMM's operand (or output) at `base`: boxes of 64 k (columns) x `rows` rows, 16-bit
+// elements, in shared memory with the 128-byte swizzle; zeros read past the edges, nothing written there.
 TensorMap tensor_map(const GemmMaps::Side& s, CUdeviceptr base, unsigned rows) {
   TensorMap m;
   unsigned box[3] = {64, rows, 1}, one[3] = {1, 1, 1};
@@ -997,12 +1001,15 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
   }
   if (is_wgmma(v.kind)) {  // (its operands' tensor maps: encoded again for another variant or other pointers)
     GemmMaps& g = L_.maps[i];
-    if (g.kind != int(v.kind) || g.pa != ptrs[1] || g.pb != ptrs[2]) {
-      unsigned a_rows = 128, b_rows = v.kind == Variant::Wgmma256 ? 256 : 128;  // (x2: half of B's 256 each)
-      g.maps = {tensor_map(g.a, ptrs[1], a_rows), tensor_map(g.b, ptrs[2], b_rows)};
+    if (g.kind != int(v.kind) || g.pa != ptrs[1] || g.pb != ptrs[2] || g.po != ptrs[0]) {
+      g.maps = {tensor_map(g.a, ptrs[1], 128), tensor_map(g.b, ptrs[2], v.kind == Variant::Wgmma256 ? 256 : 128),
+                TensorMap{}};
+      // (the kernel stores through the third where the same holds: otherwise it stores from registers)
+      if (g.store && g.o.dim[0] % 8 == 0 && ptrs[0] % 16 == 0) g.maps[2] = tensor_map(g.o, ptrs[0], 128);
       g.kind = int(v.kind);
       g.pa = ptrs[1];
       g.pb = ptrs[2];
+      g.po = ptrs[0];
     }
     launch(v.fn, id, L_.slot[i], L_.items[i], false, ptrs, L_.grid[i].data(), unsigned(v.threads), unsigned(v.smem),
            &g.maps);
@@ -1641,7 +1648,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             break;
           }
           case Variant::Gemm128: case Variant::Gemm64: case Variant::Wgmma128: case Variant::Wgmma256:
-          case Variant::Wgmma256x2: case Variant::Blas: case Variant::QGemm: {
+          case Variant::Blas: case Variant::QGemm: {
             // cuBLASLt may add the product into its only reader, an Add, which then does not run (blas_add)
             BlasAdd add = v.kind == Variant::Blas ? blas_add(i, ptrs) : BlasAdd{};
             if (add.node >= 0) {
