@@ -134,9 +134,13 @@ def gemm(request, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [(300, 96, 200), (257, 72, 136), (70, 16, 130), (129, 63, 65), (1030, 136, 2100)])
+@pytest.mark.parametrize("shape", [(300, 96, 200), (257, 72, 136), (70, 16, 130), (129, 63, 65), (1030, 136, 2100),
+                                   (2100, 320, 2600)])
 def test_gemm_linear(gemm, rng, dtype, shape):
-    """Linear layers off the tiles' edges, K odd (cuBLASLt reads rows of 63 in place), enough tiles to fill an H100."""
+    """Linear layers off the tiles' edges, K odd (cuBLASLt reads rows of 63 in place), enough tiles to fill an H100;
+    more tiles than an H100 has multiprocessors (the wgmma kernels' blocks take several in turn, their rings'
+    iterations running on across tiles: 5 k steps a tile), N a multiple of 8 (their outputs stored from shared
+    memory) or not (from registers)."""
     m, k, n = shape
     check(_linear, _linear, shapes=[(m, k), (n, k)], dtype=dtype, backend=CUDA, rng=rng, name=f"{gemm} {shape}",
           domain="small", tol_scale=4, atol=0.25)

@@ -186,7 +186,7 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned* d, unsigned a) {
 // shared-memory operand's descriptor: rows of 128 bytes (64 16-bit k) stored with the 128-byte swizzle (chunk c of
 // row r at c ^ (r & 7), as the GEMM's ring stores them), groups of 8 rows 1024 bytes apart.
 // TmaMap: a tensor map (the driver's CUtensorMap, encoded by the runtime), passed by value as a __grid_constant__
-// parameter; the Tensor Memory Accelerator copies boxes of it into shared memory.
+// parameter; the Tensor Memory Accelerator copies boxes of it into shared memory and back.
 struct __align__(64) TmaMap { unsigned long long w[16]; };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
@@ -1265,7 +1265,7 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
   std::string od = dtype_name(n.dtype);
   auto I = [](int v) { return std::to_string(v); };
   Text t;
-  if (wg) {  // (the tensor maps of A's and B's tiles after the usual parameters)
+  if (wg) {  // (the tensor maps of A, B and the output after the usual parameters)
     std::string ps = params(2);
     ps.pop_back();
     t << "extern \"C\" __global__ __launch_bounds__(288, 1) void NAME" << ps
@@ -1284,14 +1284,13 @@ Variant Generator::gemm_kernel(const Node& n, const Step& st, Variant::Kind kind
     << (wg ? "" : "wm = w / " + I(WN) + ", wn = w % " + I(WN) + ", ") << "g = lane >> 2, q = (lane & 3) * 2;\n";
   // Staging (not wgmma's): chunk id = tid + 256 u of an operand's tile is row id / CH, k 8 (id % CH) .. + 8.
   const int LT = 256;
-  const std::string lt = "tid";
   auto stage_setup = [&](const char* x, const ViewText& v, DType d, int rows, bool is_a) {
     int U = rows * CH / LT;
     std::string X = x, in = is_a ? "in0" : "in1", r0 = is_a ? "m0" : "n0", lim = is_a ? "M" : "N";
     t << "  const char* g" << X << "[" << U << "]; bool r" << X << "[" << U << "]; int d" << X << "[" << U << "], c" << X
       << "[" << U << "];\n"
       << "  for (int u = 0; u < " << U << "; ++u) {\n"
-      << "    int id = " << lt << " + " << LT << " * u, r = id / " << CH << ", c = id % " << CH << ";\n"
+      << "    int id = tid + " << LT << " * u, r = id / " << CH << ", c = id % " << CH << ";\n"
       << "    i64 row = " << r0 << " + r;\n"
       << "    r" << X << "[u] = row < " << lim << ";\n"
       << "    if (row >= " << lim << ") row = " << lim << " - 1;  // (a valid address; nothing is read)\n"
