@@ -3470,11 +3470,10 @@ GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads
   // wait in registers for a tile's products, so 64s give them twice the time (96 KB). 64 x 64: 64 KB.
   if (k == Variant::Gemm128) return f32 ? GemmShape{128, 128, 64, 3} : GemmShape{128, 128, 32, 3};
-  // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB
-  // (LUMINAL_CUDA_WGMMA_STAGES: fewer, to compare)
-  if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6)};
-  if (k == Variant::Wgmma256)
-    return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
+  // wgmma: k in 64s (rows of 128 bytes, the 128-byte swizzle its descriptors name); as many stages as fit 192 KB,
+  // next to the epilogue's 32 (LUMINAL_CUDA_WGMMA_STAGES: fewer, to compare)
+  if (k == Variant::Wgmma128) return GemmShape{128, 128, 64, std::min(6, env_int("LUMINAL_CUDA_WGMMA_STAGES", 6))};
+  if (k == Variant::Wgmma256) return GemmShape{128, 256, 64, std::min(4, env_int("LUMINAL_CUDA_WGMMA_STAGES", 4))};
   return GemmShape{64, 64, 64, 4};
 }
 

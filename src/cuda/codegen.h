@@ -77,9 +77,7 @@ struct GemmShape {
   int bm, bn, bk, stages;
   int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
 };
-inline bool is_wgmma(Variant::Kind k) {
-  return k == Variant::Wgmma128 || k == Variant::Wgmma256;
-}
+inline bool is_wgmma(Variant::Kind k) { return k == Variant::Wgmma128 || k == Variant::Wgmma256; }
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.

@@ -595,17 +595,18 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
           a.shape[r - 3] < gemm_min_rows() || !rows_aligned(a, b))
         return false;
       int64_t M = a.shape[r - 3], N = a.shape[r - 2], batch = out_n / (M * N);
-      int64_t TM = v.kind == Variant::Gemm64 ? 64 : 128, TN = v.kind == Variant::Wgmma128 || !is_wgmma(v.kind) ? TM : 256;
+      int64_t TM = v.kind == Variant::Gemm64 ? 64 : 128, TN = v.kind == Variant::Wgmma256 ? 256 : TM;
       int64_t tm = (M + TM - 1) / TM, tn = (N + TN - 1) / TN;
       if (batch > 65535 || tn > 65535 || a.shape[r - 1] >= (int64_t(1) << 31)) return false;
       if (v.kind == Variant::Gemm128 && tm * tn * batch < int64_t(sms_)) return false;
       if (is_wgmma(v.kind)) {
         GemmMaps& g = L_.maps[i];
-        if (!hopper_ || !driver().cuTensorMapEncodeTiled || M >= (int64_t(1) << 31) || N >= (int64_t(1) << 31) ||
-            !tma_side(a, r - 3, batch, &g.a) || !tma_side(b, r - 2, batch, &g.b))
+        if (!hopper_ || !driver().cuTensorMapEncodeTiled || tm * tn >= (int64_t(1) << 31) ||
+            N >= (int64_t(1) << 31) || !tma_side(a, r - 3, batch, &g.a) || !tma_side(b, r - 2, batch, &g.b))
           return false;
         g.kind = -1;  // (encoded at launch)
-        g.store = dtype_size(g_.node(core(i).node).dtype) == 2;
+        DType od = g_.node(core(i).node).dtype;
+        g.store = od == DType::BF16 || od == DType::F16;
         uint64_t n2 = uint64_t(N) * 2;
         g.o = {{uint64_t(N), uint64_t(M), uint64_t(batch)}, {n2, n2 * uint64_t(M)}, 0};
         // Persistent: a block per multiprocessor at most, each taking tiles in turn.

@@ -164,7 +164,7 @@ class Runtime {
     CUfunction f;  // null: a cuBLASLt product, `child` (captured by launch_gemm), a child graph node of the chunk
     unsigned grid[3], threads, smem = 0;  // (smem: dynamic shared memory, bytes)
     std::vector<CUdeviceptr> args;  // parameter slice, error word, output, inputs
-    std::vector<TensorMap> maps;    // then these, by value (a wgmma GEMM's operands)
+    std::vector<TensorMap> maps;    // then these, by value (a wgmma GEMM's operands and output)
     int64_t node;
     CUgraph child = nullptr;
     uint64_t child_id = 0;  // (which capture: an address may come back for another graph)
