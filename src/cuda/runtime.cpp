@@ -605,10 +605,6 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
             N >= (int64_t(1) << 31) || !tma_side(a, r - 3, batch, &g.a) || !tma_side(b, r - 2, batch, &g.b))
           return false;
         g.kind = -1;  // (encoded at launch)
-        DType od = g_.node(core(i).node).dtype;
-        g.store = od == DType::BF16 || od == DType::F16;
-        uint64_t n2 = uint64_t(N) * 2;
-        g.o = {{uint64_t(N), uint64_t(M), uint64_t(batch)}, {n2, n2 * uint64_t(M)}, 0};
         // Persistent: a block per multiprocessor at most, each taking tiles in turn.
         L_.grid[i] = {unsigned(std::min<int64_t>(tm * tn, sms_)), 1, unsigned(batch)};
         return true;
@@ -1005,8 +1001,11 @@ void Runtime::launch_gemm(size_t i, const Variant& v, const std::vector<CUdevice
     if (g.kind != int(v.kind) || g.pa != ptrs[1] || g.pb != ptrs[2] || g.po != ptrs[0]) {
       g.maps = {tensor_map(g.a, ptrs[1], 128), tensor_map(g.b, ptrs[2], v.kind == Variant::Wgmma256 ? 256 : 128),
                 TensorMap{}};
-      // (the kernel stores through the third where the same holds: otherwise it stores from registers)
-      if (g.store && g.o.dim[0] % 8 == 0 && ptrs[0] % 16 == 0) g.maps[2] = tensor_map(g.o, ptrs[0], 128);
+      // (the output [batch, M, N]: the kernel stores through its map where the same holds, else from registers)
+      DType od = g_.node(id).dtype;
+      uint64_t M = g.a.dim[1], N = g.b.dim[1];
+      if ((od == DType::BF16 || od == DType::F16) && N % 8 == 0 && ptrs[0] % 16 == 0)
+        g.maps[2] = tensor_map({{N, M, g.a.dim[2]}, {N * 2, N * 2 * M}, 0}, ptrs[0], 128);
       g.kind = int(v.kind);
       g.pa = ptrs[1];
       g.pb = ptrs[2];

@@ -64,16 +64,16 @@ DeviceArray upload(const void* host, DType dtype, const std::vector<int64_t>& sh
 void download(const DeviceArray& a, void* host);
 DeviceArray convert(const DeviceArray& a, DType to);  // on the device, rounding as a Cast does
 
-// A wgmma GEMM's operands and output as its tensor maps describe them (3 dims: k or columns, rows, batch; the byte
-// strides of rows and batch; the view's offset, elements), and the maps last encoded from them (for which variant
-// and pointers; the output's only where its kernel stores through it: 16-bit, rows of 8k, a 16-byte aligned start).
+// A wgmma GEMM's operands as its tensor maps describe them (3 dims: k or columns, rows, batch; the byte strides of
+// rows and batch; the view's offset, elements), and the maps last encoded from them and the output (for which
+// variant and pointers; the output's only where its kernel stores through it: 16-bit, rows of 8k, a 16-byte aligned
+// start).
 struct GemmMaps {
   struct Side {
     unsigned long long dim[3], stride[2];
     int64_t offset;
-  } a, b, o;
-  bool store = false;  // (a 16-bit output: o describes it)
-  int kind = -1;       // (Variant::Kind of the maps below; -1: none yet)
+  } a, b;
+  int kind = -1;  // (Variant::Kind of the maps below; -1: none yet)
   CUdeviceptr pa = 0, pb = 0, po = 0;
   std::vector<TensorMap> maps;
 };
