@@ -2,8 +2,9 @@
 the unfused path (scores, softmax, weighted values as three kernels) and torch's scaled_dot_product_attention, on
 Llama-3-8B's attention shape (32 query heads, 8 KV heads, head dim 128), inputs in float32 as a luminal graph computes
 them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch: the median of --reps, timed with
-events) per shape. Prefill rows also time the tensor-core kernel without its masked-tile skipping
-(LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma in place of flash-mma-skip); decode rows the SIMT flash kernel in place of
+events) per shape. Prefill rows also time the mma.sync kernel in place of Hopper's (LUMINAL_CUDA_FLASH_WGMMA=0:
+flash-mma-skip in place of flash-wgmma, which takes a 16-bit cache in the compute dtype on an sm_90 GPU) and that
+kernel without its masked-tile skipping (LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma); decode rows the SIMT flash kernel in place of
 the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
 (LUMINAL_CUDA_ATTENTION_CHUNK). --kv-dtype bfloat16/float16: k and v as a 16-bit KV cache gives them (inputs of
 that dtype read through a float32 cast, which the attention kernel reads through; torch gets the same rounded
@@ -101,8 +102,10 @@ def row(L, S, reps, causal, chunks=()):
     bq, bk, bv = tq.bfloat16(), tk.bfloat16(), tv.bfloat16()
     t16 = time_torch(lambda: TF.scaled_dot_product_attention(bq, bk, bv, is_causal=causal, enable_gqa=True), reps)
     flops = 4 * H * L * S * D / (2 if causal else 1)
+    off = {"LUMINAL_CUDA_FLASH_WGMMA": "0"}
     simt = f"  simt flash {time_with({'LUMINAL_CUDA_FLASH_DECODE': '0'}, L, S, reps, causal):8.3f} ms" if L == 1 else \
-        f"  no skip {time_with({'LUMINAL_CUDA_FLASH_MMA_SKIP': '0'}, L, S, reps, causal):8.3f} ms"
+        f"  mma.sync {time_with(off, L, S, reps, causal):8.3f} ms" \
+        f"  no skip {time_with({**off, 'LUMINAL_CUDA_FLASH_MMA_SKIP': '0'}, L, S, reps, causal):8.3f} ms"
     print(f"L={L:5d} S={S:5d} causal={int(causal)}  luminal {fused:8.3f} ms ({flops / fused / 1e9:6.1f} TFLOP/s)  "
           f"unfused {unfused:8.3f} ms{simt}  torch f32 {t32:8.3f} ms  torch bf16 {t16:8.3f} ms  rel.err {err:.1e}",
           flush=True)

@@ -415,8 +415,8 @@ HOST_CASES = {
 
 
 def _host_case(case, gen_data):
-    """q, k, v and the additive mask of HOST_CASES[case] (or KV16_CASES), and the function."""
-    hkv, rep, s, p, d, mk = HOST_CASES[case] if case in HOST_CASES else KV16_CASES[case]
+    """q, k, v and the additive mask of HOST_CASES[case] (or KV16_CASES, WGMMA_CASES), and the function."""
+    hkv, rep, s, p, d, mk = {**HOST_CASES, **KV16_CASES, **WGMMA_CASES}[case]
     t = p + s
     q, k, v = (gen_data(sh) for sh in ((hkv * rep, s, d), (t, hkv, d), (t, hkv, d)))
     i, j = np.arange(s)[:, None], np.arange(t)[None, :]
@@ -501,9 +501,9 @@ KV16_CASES = {"decode-128": (2, 4, 1, 301, 128, "causal"), "decode-2-tokens": (2
 
 
 def _cache16(kv_dtype, rng, case):
-    """HOST_CASES[case] (or KV16_CASES) with k and v 16-bit graph inputs (their values rounded to kv_dtype, as a
-    cache stores them): the function, the arrays, and the arrays torch reads."""
-    hkv, rep, s, p, d, _ = HOST_CASES[case] if case in HOST_CASES else KV16_CASES[case]
+    """HOST_CASES[case] (or KV16_CASES, WGMMA_CASES) with k and v 16-bit graph inputs (their values rounded to
+    kv_dtype, as a cache stores them): the function, the arrays, and the arrays torch reads."""
+    hkv, rep, s, p, d, _ = {**HOST_CASES, **KV16_CASES, **WGMMA_CASES}[case]
     _, arrays = _host_case(case, lambda sh: np.asarray(rng(sh), np.float32))
     tdt = torch.bfloat16 if kv_dtype == "bfloat16" else torch.float16
     ref = [a if i in (0, 3) else torch.from_numpy(a).to(tdt).float().numpy() for i, a in enumerate(arrays)]
@@ -593,3 +593,46 @@ def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, en
     cx, out = _kv16_graph(fn, arrays, "bfloat16", cuda_backend.compilers("bfloat16"))
     cx.execute()
     np.testing.assert_allclose(out.numpy(), want, rtol=2e-2, atol=2e-2, err_msg=f"{case} {env} {rng}")
+
+
+# ---- prefill on Hopper's warpgroup products (flash-wgmma: 128 query rows a block, a 16-bit cache) -----------------
+# (KV heads, query heads per KV head, new tokens s, cached tokens p, head size, mask), as HOST_CASES: head sizes 128,
+# 64 and 80 (padded to 128), 96 rows per KV head (under one block), a causal offset, masks hiding middle tiles, and
+# a long cache over few row blocks (key ranges merged by the combine kernel).
+WGMMA_CASES = {"causal-128": (2, 2, 200, 37, 128, "causal"), "middle-64": (1, 2, 70, 100, 64, "middle"),
+               "head-80": (1, 2, 48, 20, 80, "causal"), "ranges-128": (1, 2, 64, 1000, 128, "causal")}
+
+
+def _wgmma_expected(backend, cx):
+    """On an sm_90 GPU, the attention ran as flash-wgmma (elsewhere the cuda-nvrtc check compiled it)."""
+    if backend.name == "cuda" and lm._core.cuda_device()["compute_capability"] == 90:
+        assert "flash-wgmma" in cx._runtime.rt.last_variants().values(), cx._runtime.rt.last_variants()
+
+
+@pytest.mark.parametrize("case,dtype", [(c, "bfloat16") for c in WGMMA_CASES] + [("causal-128", "float16")])
+def test_flash_wgmma(cuda_backend, rng, case, dtype):
+    """flash-wgmma over a cache in the compute dtype against torch on the rounded values."""
+    fn, arrays, ref = _cache16(dtype, rng.data, case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    cx, out = _kv16_graph(fn, arrays, dtype, cuda_backend.compilers(dtype))
+    cx.execute()
+    _wgmma_expected(cuda_backend, cx)
+    np.testing.assert_allclose(out.numpy(), want, rtol=2e-2, atol=2e-2, err_msg=f"{case} {dtype} {rng}")
+
+
+def test_flash_wgmma_symbolic(cuda_backend, rng):
+    """One graph over a bfloat16 cache, is_causal, run at several lengths (the runtime plans its row blocks)."""
+    cx = lm.Graph()
+    q = cx.tensor((1, 4, "s", 64))
+    k, v = cx.tensor((1, 2, "s", 64), "bfloat16"), cx.tensor((1, 2, "s", 64), "bfloat16")
+    o = F.scaled_dot_product_attention(q, k.float(), v.float(), is_causal=True, enable_gqa=True).output()
+    cx.compile(lm.GenericCompiler(), *cuda_backend.compilers("bfloat16"))
+    for s in (150, 70, 301):
+        arrs = [rng.data((1, 4, s, 64)).astype(np.float32)] + \
+            [torch.from_numpy(rng.data((1, 2, s, 64)).astype(np.float32)).bfloat16().float().numpy() for _ in "kv"]
+        for x, a in zip((q, k, v), arrs):
+            x.set(a)
+        cx.execute()
+        _wgmma_expected(cuda_backend, cx)
+        want = TF.scaled_dot_product_attention(*map(torch.from_numpy, arrs), is_causal=True, enable_gqa=True).numpy()
+        np.testing.assert_allclose(o.numpy(), want, rtol=2e-2, atol=2e-2, err_msg=f"s={s} {rng}")

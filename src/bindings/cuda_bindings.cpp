@@ -237,6 +237,7 @@ void bind_cuda(py::module_& m) {
       .def(py::init([](const Graph& g, const Module& s) { return new Runtime(g, s); }))
       .def("in_place_inputs", &Runtime::in_place_inputs)
       .def("last_launches", &Runtime::last_launches, "Kernels the last run launched (or replayed in its CUDA graph).")
+      .def("last_variants", &Runtime::last_variants, "node -> the variant each kernel step of the last run chose.")
       .def("last_times", &Runtime::last_times, "Host seconds of the last run: (plan, record, replay, wait for the device).")
       .def("run", [](Runtime& rt, const py::dict& inputs, const py::dict& dims, const std::vector<int64_t>& donated,
                      std::optional<py::dict> kept, bool wait) {

@@ -192,6 +192,11 @@ struct __align__(64) TmaMap { unsigned long long w[16]; };
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
   return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
+// An operand stored N-major (the products' imm-trans-b: FlashWgmma's V, its rows the product's k): rows of 64 n
+// (128 bytes) with the same swizzle, groups of 8 rows 1024 bytes apart, the next 64 n `lbo` bytes on.
+__device__ __forceinline__ unsigned long long wg_desc_n(unsigned addr, unsigned lbo) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) | (64ull << 32) | (1ull << 62);
+}
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
@@ -861,7 +866,7 @@ class Generator {
   std::string flash_mma(const Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
                         const std::string& aliases, const std::vector<std::string>& args, int DH);
   std::string flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                          const std::string& aliases, const std::vector<std::string>& args, int DH);
+                          const std::string& aliases, const std::vector<std::string>& args, int DH, bool wg);
   std::string mask_summary(const ViewSlot& mv, DType dtype, const std::string& aliases,
                            const std::vector<std::string>& args, const std::string& in);
   FlashText flash_text(const Step& st, const Node& n, int DH,
@@ -2194,8 +2199,13 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
-      // (flash_tiles: blocks of 4 warps, two stages of K and V tiles in dynamic shared memory)
-      st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH),
+      // (flash_tiles: two stages of K and V tiles in dynamic shared memory. FlashWgmma, an sm_90 device's: blocks of
+      // two warpgroups, head sizes padded to 64s, the stages 1024-byte aligned; FlashMmaSkip: blocks of 4 warps)
+      bool async = storage(n.inputs[1].node) == compute_ && storage(n.inputs[2].node) == compute_;
+      if (int DW = (DH + 63) / 64 * 64; async)
+        st.variants.push_back({Variant::FlashWgmma, flash_tiles(st, n, ps, pn, *sm, aliases, args, DW, true),
+                               2 * 2 * 64 * DW * 2 + 1024, 256});
+      st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH, false),
                              2 * 2 * 64 * (DH + 8) * 2, 128});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH)});
     }
@@ -2684,7 +2694,7 @@ std::string Generator::mask_summary(const ViewSlot& mv, DType dtype, const std::
 // bit sets. The program's unpadded inputs are read through per-row bases computed once (an element adds its key's
 // stride).
 std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, const Node& pn, const SoftmaxForm& sm,
-                                   const std::string& aliases, const std::vector<std::string>& args, int DH) {
+                                   const std::string& aliases, const std::vector<std::string>& args, int DH, bool wg) {
   const AttentionPlan& plan = op_as<AttentionOp>(n)->plan;
   const Program& prog = plan.prog;
   int E = st.nparams - 7, Rq = st.views[0].rank, Rv = st.views[2].rank, Rp = n.inputs.size() > 3 ? st.views[3].rank : 0;
@@ -2692,11 +2702,14 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   ViewText kv{st.views[1]}, v{st.views[2]};
   auto ld = [&](int e) { return edge_load(n, e); };
   std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16", pk = compute_ == DType::BF16 ? "pack_bfloat16" : "pack_float16";
+  std::string ct = compute_ == DType::BF16 ? "bf16" : "f16";
   DType kst = storage(n.inputs[1].node), vst = storage(n.inputs[2].node);
   bool f32kv = kst == DType::F32 && vst == DType::F32, kv16 = dtype_size(kst) == 2 && dtype_size(vst) == 2;
   bool async = kst == compute_ && vst == compute_;
-  const int TH = 128, RB = 64;
-  std::string LD = std::to_string(DH + 8), STAGE = std::to_string(2 * 64 * (DH + 8));
+  // (wg: K's and V's tiles as halves of 64 columns, rows of 128 bytes in the 128-byte swizzle its descriptors name;
+  // else rows padded by 8 halves, which spreads an ldmatrix's 8 rows over the banks)
+  const int TH = wg ? 256 : 128, RB = wg ? 128 : 64;
+  std::string LD = std::to_string(DH + 8), STAGE = std::to_string(wg ? 2 * 64 * DH : 2 * 64 * (DH + 8));
   int D16 = DH / 16, D8 = DH / 8;
   // The additive mask's register (mreg: x = A + M with M reading no scores or row reductions), and the input it
   // loads as stored (minput), or -1.
@@ -2775,8 +2788,13 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   };
 
   Text f;
-  f << "extern \"C\" __global__ __launch_bounds__(" << TH << ") void NAME" << params(kargs) << " {\n"
-    << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
+  f << "extern \"C\" __global__ __launch_bounds__(" << TH << (wg ? ", 1" : "") << ") void NAME" << params(kargs) << " {\n";
+  if (wg)  // (the swizzle repeats every 1024 bytes: each tile starts at such a boundary)
+    f << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  extern __shared__ __align__(1024) u16 smem_raw_[];\n"
+      << "  u16* smem_ = smem_raw_ + ((1024 - (smem_u32(smem_raw_) & 1023)) & 1023) / 2;  // 2 stages of K's tile, "
+         "then V's: 64 x " << DH << "\n";
+  else
+    f << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
   if (mreg >= 0)
     f << "  __shared__ unsigned live_[32], dirty_[32];  // per key tile of a window: seen by a row; mask not 0 somewhere\n";
   f << aliases
@@ -2800,19 +2818,20 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "      int nt = (int)((min(jhi, w0 + 65536) - w0 + 63) / 64);\n"
     << "      __syncthreads();  // (the last window's or batch's readers of the stages and bits are done)\n";
   if (summ) {
-    // The summary row of the thread's block row tid & 63 (a row past Tq: the block's first), found here rather
-    // than held through the loop over tiles (registers); warps 0-1 take the even tiles, 2-3 the odd, each thread
-    // reading its row's byte, the warp voting.
+    // The summary row of the thread's block row tid % RB (a row past Tq: the block's first), found here rather
+    // than held through the loop over tiles (registers); the block's first RB threads take the even tiles, the
+    // others the odd, each thread reading its row's byte, the warp voting.
     const ViewSlot& mv = ps.views[size_t(minput)];
     ViewText mt{mv};
     f << "      if (tid < 32) live_[tid] = dirty_[tid] = 0u;\n      __syncthreads();\n      {\n"
       << "      const unsigned char* sum_ = (const unsigned char*)sm;\n      i64 srows_ = 1, sr_ = 0;\n";
     f << summary_rows(mv, "      ");
-    f << "      {\n    i64 rr_ = t0 + (tid & 63) < Tq ? rb_ + (tid & 63) : rb_, m_ = 1;\n" << unravel(mv, 0, Rp - 1, "rr_", "s");
+    f << "      {\n    i64 rr_ = t0 + (tid & " << RB - 1 << ") < Tq ? rb_ + (tid & " << RB - 1 << ") : rb_, m_ = 1;\n"
+      << unravel(mv, 0, Rp - 1, "rr_", "s");
     for (int d = Rp - 2; d >= 0; --d)
       f << "    if (" << mt.stride(d) << " != 0) { sr_ += s" << d << " * m_; m_ *= " << mt.shape(d) << "; }\n";
     f << "      }\n"
-      << "      for (int tc = tid >> 6; tc < nt; tc += 2) {\n"
+      << "      for (int tc = tid >> " << (RB == 64 ? 6 : 7) << "; tc < nt; tc += " << TH / RB << ") {\n"
       << "        unsigned char b_ = sum_[(w0 / 64 + tc) * srows_ + sr_];\n"
       << "        bool live = __any_sync(0xffffffffu, b_ & 1u), dirty = __any_sync(0xffffffffu, b_ & 2u);\n"
       << "        if (lane == 0 && live) atomicOr(&live_[tc >> 5], 1u << (tc & 31));\n"
@@ -2843,51 +2862,102 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     f << "      auto next_ = [&](int t) -> int { return t; };\n";
   }
   // load_(j0, st): tile j0 of K and V into stage st, zeros past the keys and head sizes.
-  f << "      auto load_ = [&](i64 j0, int st) {\n"
-    << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
-  std::string vec_loop = "#pragma unroll\n          for (int x = tid; x < 64 * " + std::to_string(DH / 8) + "; x += " +
-                         std::to_string(TH) + ") {\n            int jj = x / " + std::to_string(DH / 8) + ", d = (x % " +
-                         std::to_string(DH / 8) + ") * 8;\n            i64 j = j0 + jj;\n";
   const int D8c = DH / 8, RS = TH / D8c;  // (the 16-byte chunks of a row; rows a pass of the block covers)
-  if (async && TH % D8c == 0 && 64 % RS == 0)
-    // (16-byte copies straight to shared memory: the cache is in the compute dtype). A thread copies chunk
-    // tid % D8c of rows tid / D8c + k * RS: its row addresses found once per tile and stepped, the key check in 32
-    // bits (per copy, the 64-bit index arithmetic had outnumbered the copies several times).
-    f << "        if (vec_) {\n"
-      << "          const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
-      << ") * 8;\n          const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
-      << "          const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
-      << "#pragma unroll\n          for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
-      << "            int jj = lr_ + k * " << RS << ";\n            bool ok = jj < rem_;  // (else zeros; nothing read)\n"
-      << "            cp_async16(smem_u32(&Ks[jj][lc_]), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
-      << "            cp_async16(smem_u32(&Vs[jj][lc_]), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
-      << "            kp_ += " << RS << " * kjs;\n            vp_ += " << RS << " * vjs;\n          }\n          return;\n        }\n";
-  else if (async)
-    f << "        if (vec_) {\n" << vec_loop
-      << "            bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
-      << "            cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * kjs + d : 0), okk);\n"
-      << "            cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * vjs + d : 0), okv);\n          }\n          return;\n        }\n";
-  else if (kv16 || f32kv)  // (8 elements of a row per thread, rounded to the compute dtype: one 16-byte store each)
-    f << "        if (vec_) {\n" << vec_loop
-      << "            float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, c[8] = {0.0f, 0.0f, 0.0f, 0.0f, "
-         "0.0f, 0.0f, 0.0f, 0.0f};\n"
-      << "            if (j < jhi && d < D) ld8_" << dtype_name(kst) << "(e1, kb + j * kjs + d, a);\n"
-      << "            if (j < jhi && d < N) ld8_" << dtype_name(vst) << "(e2, vb + j * vjs + d, c);\n"
-      << "            *(uint4*)&Ks[jj][d] = make_uint4(" << pk << "(a[0], a[1]), " << pk << "(a[2], a[3]), " << pk
-      << "(a[4], a[5]), " << pk << "(a[6], a[7]));\n"
-      << "            *(uint4*)&Vs[jj][d] = make_uint4(" << pk << "(c[0], c[1]), " << pk << "(c[2], c[3]), " << pk
-      << "(c[4], c[5]), " << pk << "(c[6], c[7]));\n          }\n          return;\n        }\n";
-  f << "        for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n          int jj = x / " << DH
-    << ", d = x % " << DH << ";\n          i64 j = j0 + jj;\n          float kx = 0.0f, vx = 0.0f;\n"
-    << "          if (j < jhi) {\n            if (d < D) kx = " << ld(1) << "kb + j * kjs + d * kds);\n"
-    << "            if (d < N) vx = " << ld(2) << "vb + d * vds + j * vjs);\n          }\n          Ks[jj][d] = " << cv << "(kx);\n          Vs[jj][d] = " << cv
-    << "(vx);\n        }\n      };\n"
-    << "      int tc = next_(0);\n      if (tc < nt) load_(w0 + (i64)tc * 64, 0);\n      cp_commit();\n"
+  f << "      auto load_ = [&](i64 j0, int st) {\n";
+  if (wg)  // (only 16-byte copies: the runtime takes this kernel for such rows alone)
+    // Chunk c of key row jj goes to half c / 8 of the tile, row jj, place (c % 8) ^ (jj & 7); the thread's rows
+    // are lr_ + k * RS, RS a multiple of 8, so that jj & 7 is lr_ & 7 throughout.
+    f << "        u16 *Ks = smem_ + st * " << STAGE << ", *Vs = Ks + " << 64 * DH << ";\n"
+      << "        const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
+      << ") * 8;\n        const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
+      << "        const int so_ = (lc_ >> 6) * 4096 + ((((lc_ >> 3) & 7) ^ (lr_ & 7)) << 3);\n"
+      << "        const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
+      << "#pragma unroll\n        for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
+      << "          int jj = lr_ + k * " << RS << ";\n          bool ok = jj < rem_;  // (else zeros; nothing read)\n"
+      << "          cp_async16(smem_u32(Ks + so_ + jj * 64), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
+      << "          cp_async16(smem_u32(Vs + so_ + jj * 64), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
+      << "          kp_ += " << RS << " * kjs;\n          vp_ += " << RS << " * vjs;\n        }\n      };\n";
+  else {
+    f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
+    std::string vec_loop = "#pragma unroll\n          for (int x = tid; x < 64 * " + std::to_string(DH / 8) + "; x += " +
+                           std::to_string(TH) + ") {\n            int jj = x / " + std::to_string(DH / 8) + ", d = (x % " +
+                           std::to_string(DH / 8) + ") * 8;\n            i64 j = j0 + jj;\n";
+    if (async && TH % D8c == 0 && 64 % RS == 0)
+      // (16-byte copies straight to shared memory: the cache is in the compute dtype). A thread copies chunk
+      // tid % D8c of rows tid / D8c + k * RS: its row addresses found once per tile and stepped, the key check in 32
+      // bits (per copy, the 64-bit index arithmetic had outnumbered the copies several times).
+      f << "        if (vec_) {\n"
+        << "          const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
+        << ") * 8;\n          const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
+        << "          const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
+        << "#pragma unroll\n          for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
+        << "            int jj = lr_ + k * " << RS << ";\n            bool ok = jj < rem_;  // (else zeros; nothing read)\n"
+        << "            cp_async16(smem_u32(&Ks[jj][lc_]), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
+        << "            cp_async16(smem_u32(&Vs[jj][lc_]), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
+        << "            kp_ += " << RS << " * kjs;\n            vp_ += " << RS << " * vjs;\n          }\n          return;\n        }\n";
+    else if (async)
+      f << "        if (vec_) {\n" << vec_loop
+        << "            bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
+        << "            cp_async16(smem_u32(&Ks[jj][d]), (const u16*)e1 + kb + (okk ? j * kjs + d : 0), okk);\n"
+        << "            cp_async16(smem_u32(&Vs[jj][d]), (const u16*)e2 + vb + (okv ? j * vjs + d : 0), okv);\n          }\n          return;\n        }\n";
+    else if (kv16 || f32kv)  // (8 elements of a row per thread, rounded to the compute dtype: one 16-byte store each)
+      f << "        if (vec_) {\n" << vec_loop
+        << "            float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, c[8] = {0.0f, 0.0f, 0.0f, 0.0f, "
+           "0.0f, 0.0f, 0.0f, 0.0f};\n"
+        << "            if (j < jhi && d < D) ld8_" << dtype_name(kst) << "(e1, kb + j * kjs + d, a);\n"
+        << "            if (j < jhi && d < N) ld8_" << dtype_name(vst) << "(e2, vb + j * vjs + d, c);\n"
+        << "            *(uint4*)&Ks[jj][d] = make_uint4(" << pk << "(a[0], a[1]), " << pk << "(a[2], a[3]), " << pk
+        << "(a[4], a[5]), " << pk << "(a[6], a[7]));\n"
+        << "            *(uint4*)&Vs[jj][d] = make_uint4(" << pk << "(c[0], c[1]), " << pk << "(c[2], c[3]), " << pk
+        << "(c[4], c[5]), " << pk << "(c[6], c[7]));\n          }\n          return;\n        }\n";
+    f << "        for (int x = tid; x < 64 * " << DH << "; x += " << TH << ") {\n          int jj = x / " << DH
+      << ", d = x % " << DH << ";\n          i64 j = j0 + jj;\n          float kx = 0.0f, vx = 0.0f;\n"
+      << "          if (j < jhi) {\n            if (d < D) kx = " << ld(1) << "kb + j * kjs + d * kds);\n"
+      << "            if (d < N) vx = " << ld(2) << "vb + d * vds + j * vjs);\n          }\n          Ks[jj][d] = " << cv << "(kx);\n          Vs[jj][d] = " << cv
+      << "(vx);\n        }\n      };\n";
+  }
+  f << "      int tc = next_(0);\n      if (tc < nt) load_(w0 + (i64)tc * 64, 0);\n      cp_commit();\n"
     << "      for (int st = 0; tc < nt; st ^= 1) {\n        int tn = next_(tc + 1);\n"
     << "        if (tn < nt) load_(w0 + (i64)tn * 64, st ^ 1);\n        cp_commit();\n"
     << "        cp_wait<1>();  // this thread's copies of tile tc done; the barrier: every thread's\n"
-    << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n"
-    << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
+    // (wg: copies by threads, read by the products' asynchronous proxy)
+    << (wg ? "        fence_async_smem();\n" : "") << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n";
+  // One warpgroup product with A from registers (the 4 of `a`, as mma.sync's fragment of the warp's 16 rows): C
+  // (nn columns, acc[t][e] as the mma tiles' fragments) = A x B (+ C unless `first`), B by descriptor `desc`,
+  // read N-major where `tb`.
+  auto wgmma_rs = [&](int nn, const std::string& acc, const std::string& a, const std::string& desc, bool first,
+                      bool tb) {
+    std::string regs, ops, c = first ? "\"=f\"(" : "\"+f\"(";
+    for (int r = 0; r < nn / 2; ++r) {
+      regs += (r ? ", %" : "%") + std::to_string(r);
+      ops += (r ? ", " : "") + c + acc + "[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
+    }
+    std::string A = std::to_string(nn / 2);
+    return "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + std::string(first ? "0" : "1") +
+           ", 0;\\nwgmma.mma_async.sync.aligned.m64n" + std::to_string(nn) + "k16.f32." + ct + "." + ct + " {" + regs +
+           "}, {%" + A + ", %" + std::to_string(nn / 2 + 1) + ", %" + std::to_string(nn / 2 + 2) + ", %" +
+           std::to_string(nn / 2 + 3) + "}, %" + std::to_string(nn / 2 + 4) + ", p, 1, 1, " + (tb ? "1" : "0") +
+           ";\\n}\\n\"\n                     : " + ops + "\n                     : \"r\"(" + a + "[0]), \"r\"(" + a +
+           "[1]), \"r\"(" + a + "[2]), \"r\"(" + a + "[3]), \"l\"(" + desc + "));\n";
+  };
+  // (registers pinned where the products' asynchronous pipeline starts and ends, so that the compiler moves none
+  // of their accesses in between)
+  auto pin = [&](const std::string& acc, int nn, const std::string& extra) {
+    std::string ops;
+    for (int r = 0; r < nn / 2; ++r)
+      ops += (r ? ", \"+f\"(" : "\"+f\"(") + acc + "[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
+    return "        asm volatile(\"\" : " + ops + extra + " :: \"memory\");\n";
+  };
+  if (wg) {
+    // S = Q K^T, a warpgroup's 64 rows by 64 keys: k steps of 16 through K's halves (32 bytes a step in its rows).
+    f << "        const unsigned ka_ = smem_u32(smem_ + st * " << STAGE << "), va_ = ka_ + " << 64 * DH * 2 << ";\n"
+      << tile_bases("j0") << "        float s[8][4];\n        wg_fence();\n";
+    for (int ks = 0; ks < D16; ++ks)
+      f << wgmma_rs(64, "s", "qf[" + std::to_string(ks) + "]",
+                    "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192 + (ks % 4) * 32) + ")", ks == 0, false);
+    f << "        wg_commit();\n        wg_wait<0>();\n" << pin("s", 64, "");
+  } else {
+  f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
     << tile_bases("j0")
     // S = Q K^T: 8 tiles of 8 keys; K's B fragments for two k steps by one ldmatrix (matrices: k step ks, columns
     // 0-7 and 8-15; then ks + 1), lane l giving row l & 7 of matrix l >> 3.
@@ -2901,6 +2971,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "            if (ks + 1 < " << D16 << ") {\n              float* C = s[t];\n              const unsigned* A = qf[ks + 1 < "
     << D16 << " ? ks + 1 : ks];\n              unsigned B0 = Bk[2], B1 = Bk[3];\n              " << mma
     << "\n            }\n          }\n        }\n";
+  }
   // The row program on each score, then the online softmax per row (max and sum over the quad).
   auto scores_loop = [&](std::map<int, std::string> gv, bool fast) {
     gv[plan.scores] = "s[t][e]";
@@ -2938,8 +3009,24 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "#pragma unroll\n        for (int t = 0; t < 8; ++t) {\n"
     << "          s[t][0] = fast_exp2(s[t][0] * c_ - mc0); s[t][1] = fast_exp2(s[t][1] * c_ - mc0);\n"
     << "          s[t][2] = fast_exp2(s[t][2] * c_ - mc1); s[t][3] = fast_exp2(s[t][3] * c_ - mc1);\n"
-    << "          l0 += s[t][0] + s[t][1];\n          l1 += s[t][2] + s[t][3];\n        }\n"
-    // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
+    << "          l0 += s[t][0] + s[t][1];\n          l1 += s[t][2] + s[t][3];\n        }\n";
+  if (wg) {
+    // O += P V: P's A fragments for keys kt * 16.. (tiles 2kt, 2kt + 1, as below), V's rows kt * 16.. N-major
+    // (its halves of 64 columns 8192 bytes apart).
+    std::string pa;
+    for (int r = 0; r < 16; ++r) pa += ", \"+r\"(pa_[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
+    f << "        unsigned pa_[4][4];\n#pragma unroll\n        for (int kt = 0; kt < 4; ++kt) {\n"
+      << "          pa_[kt][0] = " << pk << "(s[2 * kt][0], s[2 * kt][1]);\n"
+      << "          pa_[kt][1] = " << pk << "(s[2 * kt][2], s[2 * kt][3]);\n"
+      << "          pa_[kt][2] = " << pk << "(s[2 * kt + 1][0], s[2 * kt + 1][1]);\n"
+      << "          pa_[kt][3] = " << pk << "(s[2 * kt + 1][2], s[2 * kt + 1][3]);\n        }\n"
+      << pin("o", DH, pa) << "        wg_fence();\n";
+    for (int kt = 0; kt < 4; ++kt)
+      f << wgmma_rs(DH, "o", "pa_[" + std::to_string(kt) + "]", "wg_desc_n(va_ + " + std::to_string(kt * 2048) + ", 8192)",
+                    false, true);
+    f << "        wg_commit();\n        wg_wait<0>();\n" << pin("o", DH, "");
+  } else {
+  f // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
     // t + 1 by one ldmatrix.trans: (keys 0-7, columns t * 8..), (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..),
     // (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
     << "#pragma unroll\n        for (int kt = 0; kt < 4; ++kt) {\n          unsigned A[4];\n"
@@ -2951,10 +3038,13 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "            ldsm_x4_t(Bv, smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8]));\n"
     << "#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n              float* C = o[t + h];\n"
     << "              unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n              " << mma << "\n            }\n"
-    << "          }\n        }\n"
-    << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
+    << "          }\n        }\n";
+  }
+  f << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
     << "        tc = tn;\n      }\n    }\n";
-  f << ft.store;
+  std::string store = ft.store;
+  if (wg) store.insert(store.size() - 2, "#endif\n");  // (before the kernel's closing brace)
+  f << store;
   return add_kernel(f.str());
 }
 
@@ -3481,7 +3571,7 @@ const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
                                 "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows",
-                                "wgmma128", "wgmma256"};
+                                "wgmma128", "wgmma256", "flash-wgmma"};
   return names[k];
 }
 

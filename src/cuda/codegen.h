@@ -64,10 +64,13 @@ struct Variant {
                    // Accelerator fills (tensor maps): 128 x 128 tiles, k in 64s, both operands stored in the compute
                    // dtype, rows that a tensor map can describe
     Wgmma256,      // the same, 128 x 256 tiles
+    FlashWgmma,    // prefill attention on Hopper's warpgroup products (flash_tiles, sm_90): 128 query rows per block
+                   // of two warpgroups, K and V in the compute dtype staged as the descriptors' swizzled tiles;
+                   // otherwise as FlashMmaSkip. LUMINAL_CUDA_FLASH_WGMMA=0: FlashMmaSkip instead
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
-  int threads = 0;  // the block size where it is not the kind's usual one (FlashMmaSkip's 128)
+  int threads = 0;  // the block size where it is not the kind's usual one (FlashMmaSkip's 128, FlashWgmma's 256)
 };
 const char* variant_name(Variant::Kind k);
 

@@ -330,7 +330,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
       load(v.fn);
       // (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; over 48 KB needs it)
       if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64 || is_wgmma(v.kind) ||
-          (v.kind == Variant::FlashMmaSkip && v.smem))
+          ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && v.smem))
         check(driver().cuFuncSetAttribute(fns_[v.fn], 8, v.smem), "cuFuncSetAttribute", v.fn);
     }
     load(s_.steps[i].rows_fn);
@@ -435,6 +435,14 @@ bool tma_side(const ConcreteView& v, size_t rows, int64_t batch, GemmMaps::Side*
 }
 }  // namespace
 
+std::unordered_map<int64_t, std::string> Runtime::last_variants() const {
+  std::unordered_map<int64_t, std::string> out;
+  for (size_t i = 0; i < L_.variant.size() && i < s_.steps.size(); ++i)
+    if (core(i).kind == luminal::Step::Kernel && L_.variant[i] < s_.steps[i].variants.size())
+      out[core(i).node] = variant_name(s_.steps[i].variants[L_.variant[i]].kind);
+  return out;
+}
+
 // Whether variant `v` of a step runs the views `cv` (in the kernel's axis order) of an output of `out_n` elements,
 // and its launch when it does (an explicit grid, the parameter slice's flags).
 bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int64_t out_n, int64_t* p, size_t i) {
@@ -458,7 +466,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       L_.grid[i] = {unsigned(std::min<int64_t>(out_n, int64_t(sms_) * 16)), 1, 1};
       return true;
     case Variant::MatVec: return out_n != 0 && rows_aligned(cv[0], cv[1]);
-    case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashDecode: {
+    case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashWgmma:
+    case Variant::FlashDecode: {
       // q read once per row (broadcast over the keys); a tile of rows shares k and v: consecutive rows along the
       // trailing row axes over which neither moves (the query rows of one head, and the query heads of a KV head).
       const ConcreteView &q = cv[0], &k = cv[1], &vv = cv[2];
@@ -469,6 +478,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       // (R: query rows per block; the tensor-core kernels' 16 per warp)
       if (v.kind == Variant::FlashDecode && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
       if (v.kind == Variant::FlashMmaSkip && env_zero("LUMINAL_CUDA_FLASH_MMA_SKIP")) return false;  // (the fallback)
+      // (wgmma: an sm_90 device, the module compiled for sm_90a)
+      if (v.kind == Variant::FlashWgmma && (!hopper_ || env_zero("LUMINAL_CUDA_FLASH_WGMMA"))) return false;
       if (out_n == 0 || rq < 2 || rv < 2 || D > 128 || N > 128 || q.strides[rq - 2] != 0) return false;
       auto shared_rows = [](const ConcreteView& x, size_t nrow) {
         int64_t c = 1;
@@ -482,7 +493,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       if (Tq <= 0 || rows % Tq) return false;
       // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
       // query heads) go to the decode kernel, which holds more loads in flight.
-      if ((v.kind == Variant::FlashMma || v.kind == Variant::FlashMmaSkip) && Tq < R / 2) return false;
+      bool tiled = v.kind == Variant::FlashMma || v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma;
+      if (tiled && Tq < R / 2) return false;
       if (v.kind == Variant::FlashDecode && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
       int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
       // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
@@ -513,17 +525,20 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
                           dtype_size(s_.storage()[size_t(an.inputs[2].node)]) == 2 ? 8 : 4;
       bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % u == 0 && N % u == 0 && k.offset % u == 0 &&
                  vv.offset % u == 0;
-      if (v.kind == Variant::FlashMmaSkip) vec = vec && D % 8 == 0 && N % 8 == 0;  // (8 elements a load, float32 too)
+      if (v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma)  // (8 elements a load, float32 too)
+        vec = vec && D % 8 == 0 && N % 8 == 0;
       for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % u == 0;
       for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
       // LUMINAL_CUDA_KV16_VECTOR=0: a 16-bit cache staged element by element (no cp.async; comparison, fallback)
       if (u == 8 && env_zero("LUMINAL_CUDA_KV16_VECTOR")) vec = false;
+      if (v.kind == Variant::FlashWgmma && !vec) return false;  // (it stages 16-byte copies only)
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
       ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
       const Step& st = s_.steps[i];
-      if (v.kind == Variant::FlashMmaSkip && st.summary_edge >= 0) {  // (its mask summary: assign_summaries)
+      // (its mask summary: assign_summaries)
+      if ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && st.summary_edge >= 0) {
         const ConcreteView& m = cv[size_t(st.summary_edge)];
         L_.summary_rows[i] = 1;
         for (size_t d = 0; d + 1 < m.shape.size(); ++d) L_.summary_rows[i] *= m.strides[d] ? m.shape[d] : 1;
@@ -1666,15 +1681,15 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             break;
           }
           case Variant::QMatVec: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256); break;
-          case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::AttentionRows:
-          case Variant::FlashDecode: {
+          case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashWgmma:
+          case Variant::AttentionRows: case Variant::FlashDecode: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             // FlashDecode merges its key ranges itself, through the tickets (LUMINAL_CUDA_DECODE_TICKETS=0: none,
             // the combine kernel after it)
             bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
             if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
             unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
-            if (v.kind == Variant::FlashMmaSkip && L_.summary_rows[i]) {
+            if ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && L_.summary_rows[i]) {
               ptrs.push_back(summaries_->ptr + L_.summary_off[i]);
               if (L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
             }

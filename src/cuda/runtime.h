@@ -97,6 +97,8 @@ class Runtime {
                                                bool wait = true);
   const Module& schedule() const { return s_; }
   size_t last_launches() const { return launched_; }  // kernels the last run launched (or replayed)
+  // node -> the variant (variant_name) each kernel step of the last run's plan chose; for tests and profiles
+  std::unordered_map<int64_t, std::string> last_variants() const;
   // Host seconds the last run spent: planning, recording the launches, replaying the graph (updates and
   // cuGraphLaunch), and waiting for the device (the error word's read); for profiles.
   std::array<double, 4> last_times() const { return times_; }
