@@ -2200,9 +2200,10 @@ void Generator::attention_step(Step& st, const Node& n) {
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
       // (flash_tiles: two stages of K and V tiles in dynamic shared memory. FlashWgmma, an sm_90 device's: blocks of
-      // two warpgroups, head sizes padded to 64s, the stages 1024-byte aligned; FlashMmaSkip: blocks of 4 warps)
+      // two warpgroups, the stages 1024-byte aligned, head sizes padded to 128: with tiles of 64 columns the
+      // products from the second stage came out wrong on an H200, a cause not found. FlashMmaSkip: blocks of 4 warps)
       bool async = storage(n.inputs[1].node) == compute_ && storage(n.inputs[2].node) == compute_;
-      if (int DW = (DH + 63) / 64 * 64; async)
+      if (int DW = 128; async)
         st.variants.push_back({Variant::FlashWgmma, flash_tiles(st, n, ps, pn, *sm, aliases, args, DW, true),
                                2 * 2 * 64 * DW * 2 + 1024, 256});
       st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH, false),
@@ -2923,18 +2924,16 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     // (wg: copies by threads, read by the products' asynchronous proxy)
     << (wg ? "        fence_async_smem();\n" : "") << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n";
   // One warpgroup product with A from registers (the 4 of `a`, as mma.sync's fragment of the warp's 16 rows): C
-  // (nn columns, acc[t][e] as the mma tiles' fragments) = A x B (+ C unless `first`), B by descriptor `desc`,
-  // read N-major where `tb`.
-  auto wgmma_rs = [&](int nn, const std::string& acc, const std::string& a, const std::string& desc, bool first,
-                      bool tb) {
-    std::string regs, ops, c = first ? "\"=f\"(" : "\"+f\"(";
+  // (nn columns, acc[t][e] as the mma tiles' fragments) += A x B, B by descriptor `desc`, read N-major where `tb`.
+  auto wgmma_rs = [&](int nn, const std::string& acc, const std::string& a, const std::string& desc, bool tb) {
+    std::string regs, ops;
     for (int r = 0; r < nn / 2; ++r) {
       regs += (r ? ", %" : "%") + std::to_string(r);
-      ops += (r ? ", " : "") + c + acc + "[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
+      ops += (r ? ", \"+f\"(" : "\"+f\"(") + acc + "[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
     }
     std::string A = std::to_string(nn / 2);
-    return "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, " + std::string(first ? "0" : "1") +
-           ", 0;\\nwgmma.mma_async.sync.aligned.m64n" + std::to_string(nn) + "k16.f32." + ct + "." + ct + " {" + regs +
+    return "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\nwgmma.mma_async.sync.aligned.m64n" +
+           std::to_string(nn) + "k16.f32." + ct + "." + ct + " {" + regs +
            "}, {%" + A + ", %" + std::to_string(nn / 2 + 1) + ", %" + std::to_string(nn / 2 + 2) + ", %" +
            std::to_string(nn / 2 + 3) + "}, %" + std::to_string(nn / 2 + 4) + ", p, 1, 1, " + (tb ? "1" : "0") +
            ";\\n}\\n\"\n                     : " + ops + "\n                     : \"r\"(" + a + "[0]), \"r\"(" + a +
@@ -2951,10 +2950,12 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   if (wg) {
     // S = Q K^T, a warpgroup's 64 rows by 64 keys: k steps of 16 through K's halves (32 bytes a step in its rows).
     f << "        const unsigned ka_ = smem_u32(smem_ + st * " << STAGE << "), va_ = ka_ + " << 64 * DH * 2 << ";\n"
-      << tile_bases("j0") << "        float s[8][4];\n        wg_fence();\n";
+      << tile_bases("j0")
+      << "        float s[8][4];\n#pragma unroll\n        for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;\n"
+      << pin("s", 64, "") << "        wg_fence();\n";
     for (int ks = 0; ks < D16; ++ks)
       f << wgmma_rs(64, "s", "qf[" + std::to_string(ks) + "]",
-                    "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192 + (ks % 4) * 32) + ")", ks == 0, false);
+                    "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192 + (ks % 4) * 32) + ")", false);
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("s", 64, "");
   } else {
   f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
@@ -3023,7 +3024,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
       << pin("o", DH, pa) << "        wg_fence();\n";
     for (int kt = 0; kt < 4; ++kt)
       f << wgmma_rs(DH, "o", "pa_[" + std::to_string(kt) + "]", "wg_desc_n(va_ + " + std::to_string(kt * 2048) + ", 8192)",
-                    false, true);
+                    true);
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("o", DH, "");
   } else {
   f // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
