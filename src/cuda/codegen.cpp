@@ -207,6 +207,10 @@ __device__ __forceinline__ void mbar_init(unsigned a, unsigned count) {
 __device__ __forceinline__ void mbar_arrive(unsigned a) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(a) : "memory");
 }
+// (an arrival once this thread's cp.async copies before it have landed; counted in the barrier's expected count)
+__device__ __forceinline__ void cp_arrive_noinc(unsigned a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(a) : "memory");
+}
 // (arrives and expects `bytes` more of asynchronous copies: the TMA copies that complete it)
 __device__ __forceinline__ void mbar_expect(unsigned a, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(a), "r"(bytes) : "memory");
@@ -663,6 +667,8 @@ struct Tiles {
 // The row program as softmax(x): x an element-wise function of the scores (scale, additive mask), then
 // exp2(c * (x - max x)) over its sum, c > 0 (what Tensor.softmax records). Such a program runs online (flash
 // attention): a running max and sum, rescaled as tiles of keys arrive, so the scores are never kept.
+// FlashWgmma's ring: stages of a K and a V tile (64 keys x 128 16-bit values each).
+constexpr int kFlashWgmmaStages = 4;
 // The text the two tensor-core attention kernels share (Generator::flash_text).
 struct FlashText {
   std::string mma, rows, qf, at, store;
@@ -2205,7 +2211,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       bool async = storage(n.inputs[1].node) == compute_ && storage(n.inputs[2].node) == compute_;
       if (int DW = 128; async)
         st.variants.push_back({Variant::FlashWgmma, flash_tiles(st, n, ps, pn, *sm, aliases, args, DW, true),
-                               2 * 2 * 64 * DW * 2 + 1024, 256});
+                               kFlashWgmmaStages * 2 * 64 * DW * 2 + 1024, 256});
       st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH, false),
                              2 * 2 * 64 * (DH + 8) * 2, 128});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH)});
@@ -2709,7 +2715,7 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   bool async = kst == compute_ && vst == compute_;
   // (wg: K's and V's tiles as halves of 64 columns, rows of 128 bytes in the 128-byte swizzle its descriptors name;
   // else rows padded by 8 halves, which spreads an ldmatrix's 8 rows over the banks)
-  const int TH = wg ? 256 : 128, RB = wg ? 128 : 64;
+  const int TH = wg ? 256 : 128, RB = wg ? 128 : 64, WS = kFlashWgmmaStages;
   std::string LD = std::to_string(DH + 8), STAGE = std::to_string(wg ? 2 * 64 * DH : 2 * 64 * (DH + 8));
   int D16 = DH / 16, D8 = DH / 8;
   // The additive mask's register (mreg: x = A + M with M reading no scores or row reductions), and the input it
@@ -2792,8 +2798,8 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   f << "extern \"C\" __global__ __launch_bounds__(" << TH << (wg ? ", 1" : "") << ") void NAME" << params(kargs) << " {\n";
   if (wg)  // (the swizzle repeats every 1024 bytes: each tile starts at such a boundary)
     f << "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n  extern __shared__ __align__(1024) u16 smem_raw_[];\n"
-      << "  u16* smem_ = smem_raw_ + ((1024 - (smem_u32(smem_raw_) & 1023)) & 1023) / 2;  // 2 stages of K's tile, "
-         "then V's: 64 x " << DH << "\n";
+      << "  u16* smem_ = smem_raw_ + ((1024 - (smem_u32(smem_raw_) & 1023)) & 1023) / 2;  // " << WS
+      << " stages of K's tile, then V's: 64 x " << DH << "\n";
   else
     f << "  extern __shared__ __align__(16) u16 smem_[];  // 2 stages of Ks[64][" << LD << "], Vs[64][" << LD << "]\n";
   if (mreg >= 0)
@@ -2809,6 +2815,12 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "  const i64 kjs = " << kv.stride(Rq - 2) << ", kds = " << kv.stride(Rq - 1) << ", vjs = " << v.stride(Rv - 1)
     << ", vds = " << v.stride(Rv - 2) << ";\n  const bool vec_ = " << P(6) << " != 0;\n";
   for (int i : based) f << "  const i64 js" << i << " = " << ViewText{ps.views[size_t(i)]}.stride(Rp - 1) << ";\n";
+  if (wg)  // (the ring's barriers: a stage full once every thread's copies landed; empty once both warpgroups'
+           // products read it. Their phases run on across windows and batches, as do the counts of fills and tiles.)
+    f << "  __shared__ __align__(8) unsigned long long full_[" << WS << "], empty_[" << WS << "];\n"
+      << "  if (tid == 0)\n    for (int s = 0; s < " << WS << "; ++s) {\n"
+      << "      mbar_init(smem_u32(&full_[s]), " << TH << ");\n      mbar_init(smem_u32(&empty_[s]), 2);\n    }\n"
+      << "  __syncthreads();\n  unsigned ld_ = 0, it_ = 0;  // stages filled, tiles computed\n";
   f << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
     // (the last row blocks first: under a causal mask they have the most live tiles, so the grid's tail is short)
     << "    i64 t0 = (i64)(gridDim.x - 1 - blockIdx.x) * " << RB << ", rb_ = b * Tq + t0, kb, vb;\n"
@@ -2917,12 +2929,26 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
       << "            if (d < N) vx = " << ld(2) << "vb + d * vds + j * vjs);\n          }\n          Ks[jj][d] = " << cv << "(kx);\n          Vs[jj][d] = " << cv
       << "(vx);\n        }\n      };\n";
   }
-  f << "      int tc = next_(0);\n      if (tc < nt) load_(w0 + (i64)tc * 64, 0);\n      cp_commit();\n"
-    << "      for (int st = 0; tc < nt; st ^= 1) {\n        int tn = next_(tc + 1);\n"
-    << "        if (tn < nt) load_(w0 + (i64)tn * 64, st ^ 1);\n        cp_commit();\n"
-    << "        cp_wait<1>();  // this thread's copies of tile tc done; the barrier: every thread's\n"
-    // (wg: copies by threads, read by the products' asynchronous proxy)
-    << (wg ? "        fence_async_smem();\n" : "") << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n";
+  if (wg)
+    // A ring of WS stages: the block's threads fill the stage of live tile i + WS - 1 while the warpgroups compute
+    // tile i, each at its own pace (no block barrier per tile: one warpgroup's softmax runs under the other's
+    // products). Refilling a stage waits until both warpgroups' products have read it.
+    f << "      int tl = next_(0);  // the next tile to fill\n"
+      << "      auto fill_ = [&]() {\n        int s = ld_ % " << WS << ";\n"
+      << "        if (ld_ >= " << WS << ") mbar_wait(smem_u32(&empty_[s]), ((ld_ / " << WS << ") & 1) ^ 1);\n"
+      << "        load_(w0 + (i64)tl * 64, s);\n        cp_arrive_noinc(smem_u32(&full_[s]));\n"
+      << "        ++ld_;\n        tl = next_(tl + 1);\n      };\n"
+      << "      for (int k = 0; k < " << WS - 1 << " && tl < nt; ++k) fill_();\n"
+      << "      for (int tc = next_(0); tc < nt; tc = next_(tc + 1), ++it_) {\n        if (tl < nt) fill_();\n"
+      << "        const int st = it_ % " << WS << ";\n        mbar_wait(smem_u32(&full_[st]), (it_ / " << WS << ") & 1);\n"
+      << "        fence_async_smem();  // (copies by threads, read by the products' asynchronous proxy)\n"
+      << "        i64 j0 = w0 + (i64)tc * 64;\n";
+  else
+    f << "      int tc = next_(0);\n      if (tc < nt) load_(w0 + (i64)tc * 64, 0);\n      cp_commit();\n"
+      << "      for (int st = 0; tc < nt; st ^= 1) {\n        int tn = next_(tc + 1);\n"
+      << "        if (tn < nt) load_(w0 + (i64)tn * 64, st ^ 1);\n        cp_commit();\n"
+      << "        cp_wait<1>();  // this thread's copies of tile tc done; the barrier: every thread's\n"
+      << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n";
   // One warpgroup product with A from registers (the 4 of `a`, as mma.sync's fragment of the warp's 16 rows): C
   // (nn columns, acc[t][e] as the mma tiles' fragments) += A x B, B by descriptor `desc`, read N-major where `tb`.
   auto wgmma_rs = [&](int nn, const std::string& acc, const std::string& a, const std::string& desc, bool tb) {
@@ -2984,28 +3010,32 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   };
   if (minput >= 0) {
     std::map<int, std::string> clean = given;
-    clean[minput] = "0.0f";
+    clean[minput] = "-0.0f";  // (x + -0 is x: the add folds away, where x + 0 must turn -0 into 0)
     f << "        if (!((dirty_[tc >> 5] >> (tc & 31)) & 1u)) {\n" << scores_loop(clean, true) << "        } else {\n"
       << scores_loop(given, false) << "        }\n";
   } else {
     f << scores_loop(given, given.empty());
   }
-  // The rows' maxima over the thread's 16 scores each as a tree (op_max is associative, NaN included): 4 dependent
-  // steps where a running max took 16, on the way from the scores to P.
+  // The rows' maxima over the thread's 16 scores each as a tree: 4 dependent steps where a running max took 16, on
+  // the way from the scores to P. fmaxf (one instruction) passes over a NaN score, which still makes its row NaN:
+  // its weight exp2(NaN) goes into the row's sum.
   f << "        float mr0[8], mr1[8];\n"
-    << "#pragma unroll\n        for (int t = 0; t < 8; ++t) { mr0[t] = op_max(s[t][0], s[t][1]); mr1[t] = op_max(s[t][2], s[t][3]); }\n"
+    << "#pragma unroll\n        for (int t = 0; t < 8; ++t) { mr0[t] = fmaxf(s[t][0], s[t][1]); mr1[t] = fmaxf(s[t][2], s[t][3]); }\n"
     << "#pragma unroll\n        for (int h = 4; h > 0; h >>= 1)\n"
-    << "#pragma unroll\n          for (int t = 0; t < h; ++t) { mr0[t] = op_max(mr0[t], mr0[t + h]); mr1[t] = op_max(mr1[t], mr1[t + h]); }\n"
+    << "#pragma unroll\n          for (int t = 0; t < h; ++t) { mr0[t] = fmaxf(mr0[t], mr0[t + h]); mr1[t] = fmaxf(mr1[t], mr1[t + h]); }\n"
     << "        float mx0 = mr0[0], mx1 = mr1[0];\n"
-    << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
-    << "        mx0 = op_max(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
-    << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
-    << "        mx1 = op_max(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
-    << "        float mn0 = op_max(m0, mx0), mn1 = op_max(m1, mx1);\n"
+    << "        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));\n"
+    << "        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));\n"
+    << "        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));\n"
+    << "        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));\n"
+    << "        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);\n"
     << "        float mu0 = mn0 == ninf ? 0.0f : mn0, mu1 = mn1 == ninf ? 0.0f : mn1;\n"
     << "        float al0 = fast_exp2((m0 - mu0) * c_), al1 = fast_exp2((m1 - mu1) * c_);\n"
     << "        m0 = mn0;\n        m1 = mn1;\n        l0 *= al0;\n        l1 *= al1;\n"
-    << "#pragma unroll\n        for (int t = 0; t < " << D8 << "; ++t) { o[t][0] *= al0; o[t][1] *= al0; o[t][2] *= al1; o[t][3] *= al1; }\n"
+    // (wg: the accumulators rescaled unless no row of the warp has a new maximum, al = exp2(0) = 1; the mma.sync
+    // kernel spilled with that branch)
+    << (wg ? "        if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f))\n" : "")
+    << "#pragma unroll\n          for (int t = 0; t < " << D8 << "; ++t) { o[t][0] *= al0; o[t][1] *= al0; o[t][2] *= al1; o[t][3] *= al1; }\n"
     << "        float mc0 = mu0 * c_, mc1 = mu1 * c_;\n"
     << "#pragma unroll\n        for (int t = 0; t < 8; ++t) {\n"
     << "          s[t][0] = fast_exp2(s[t][0] * c_ - mc0); s[t][1] = fast_exp2(s[t][1] * c_ - mc0);\n"
@@ -3041,8 +3071,12 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "              unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n              " << mma << "\n            }\n"
     << "          }\n        }\n";
   }
-  f << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
-    << "        tc = tn;\n      }\n    }\n";
+  if (wg)
+    f << "        if ((tid & 127) == 0) mbar_arrive(smem_u32(&empty_[st]));  // (this warpgroup's products are done)\n"
+      << "      }\n    }\n";
+  else
+    f << "        __syncthreads();  // (every warp done with stage st before the next tile's copies refill it)\n"
+      << "        tc = tn;\n      }\n    }\n";
   std::string store = ft.store;
   if (wg) store.insert(store.size() - 2, "#endif\n");  // (before the kernel's closing brace)
   f << store;
