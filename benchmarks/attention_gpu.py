@@ -4,9 +4,10 @@ Llama-3-8B's attention shape (32 query heads, 8 KV heads, head dim 128), inputs 
 them. Prints milliseconds per run (luminal: --reps runs queued, best of 3; torch: the median of --reps, timed with
 events) per shape. Prefill rows also time the mma.sync kernel in place of Hopper's (LUMINAL_CUDA_FLASH_WGMMA=0:
 flash-mma-skip in place of flash-wgmma, which takes a 16-bit cache in the compute dtype on an sm_90 GPU) and that
-kernel without its masked-tile skipping (LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma); decode rows the SIMT flash kernel in place of
-the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each forced key-range length
-(LUMINAL_CUDA_ATTENTION_CHUNK). --kv-dtype bfloat16/float16: k and v as a 16-bit KV cache gives them (inputs of
+kernel without its masked-tile skipping (LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma); decode rows the SIMT flash
+kernel in place of the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each
+forced key-range length (LUMINAL_CUDA_ATTENTION_CHUNK). The luminal columns time whole runs of the graph, more than
+the attention kernel (benchmarks/kernel_profile.py times kernels alone). --kv-dtype bfloat16/float16: k and v as a 16-bit KV cache gives them (inputs of
 that dtype read through a float32 cast, which the attention kernel reads through; torch gets the same rounded
 values).
 

@@ -2984,20 +2984,20 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
                     "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192 + (ks % 4) * 32) + ")", false);
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("s", 64, "");
   } else {
-  f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
-    << tile_bases("j0")
-    // S = Q K^T: 8 tiles of 8 keys; K's B fragments for two k steps by one ldmatrix (matrices: k step ks, columns
-    // 0-7 and 8-15; then ks + 1), lane l giving row l & 7 of matrix l >> 3.
-    << "        float s[8][4];\n#pragma unroll\n        for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;\n"
-    << "#pragma unroll\n        for (int ks = 0; ks < " << D16 << "; ks += 2) {\n"
-    << "          int kl = ks + (lane >> 4) < " << D16 << " ? ks + (lane >> 4) : ks;\n"
-    << "#pragma unroll\n          for (int t = 0; t < 8; ++t) {\n            unsigned Bk[4];\n"
-    << "            ldsm_x4(Bk, smem_u32(&Ks[t * 8 + (lane & 7)][kl * 16 + ((lane >> 3) & 1) * 8]));\n"
-    << "            {\n              float* C = s[t];\n              const unsigned* A = qf[ks];\n"
-    << "              unsigned B0 = Bk[0], B1 = Bk[1];\n              " << mma << "\n            }\n"
-    << "            if (ks + 1 < " << D16 << ") {\n              float* C = s[t];\n              const unsigned* A = qf[ks + 1 < "
-    << D16 << " ? ks + 1 : ks];\n              unsigned B0 = Bk[2], B1 = Bk[3];\n              " << mma
-    << "\n            }\n          }\n        }\n";
+    f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
+      << tile_bases("j0")
+      // S = Q K^T: 8 tiles of 8 keys; K's B fragments for two k steps by one ldmatrix (matrices: k step ks, columns
+      // 0-7 and 8-15; then ks + 1), lane l giving row l & 7 of matrix l >> 3.
+      << "        float s[8][4];\n#pragma unroll\n        for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;\n"
+      << "#pragma unroll\n        for (int ks = 0; ks < " << D16 << "; ks += 2) {\n"
+      << "          int kl = ks + (lane >> 4) < " << D16 << " ? ks + (lane >> 4) : ks;\n"
+      << "#pragma unroll\n          for (int t = 0; t < 8; ++t) {\n            unsigned Bk[4];\n"
+      << "            ldsm_x4(Bk, smem_u32(&Ks[t * 8 + (lane & 7)][kl * 16 + ((lane >> 3) & 1) * 8]));\n"
+      << "            {\n              float* C = s[t];\n              const unsigned* A = qf[ks];\n"
+      << "              unsigned B0 = Bk[0], B1 = Bk[1];\n              " << mma << "\n            }\n"
+      << "            if (ks + 1 < " << D16 << ") {\n              float* C = s[t];\n              const unsigned* A = qf[ks + 1 < "
+      << D16 << " ? ks + 1 : ks];\n              unsigned B0 = Bk[2], B1 = Bk[3];\n              " << mma
+      << "\n            }\n          }\n        }\n";
   }
   // The row program on each score, then the online softmax per row (max and sum over the quad).
   auto scores_loop = [&](std::map<int, std::string> gv, bool fast) {
@@ -3057,19 +3057,19 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
                     true);
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("o", DH, "");
   } else {
-  f // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
-    // t + 1 by one ldmatrix.trans: (keys 0-7, columns t * 8..), (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..),
-    // (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
-    << "#pragma unroll\n        for (int kt = 0; kt < 4; ++kt) {\n          unsigned A[4];\n"
-    << "          A[0] = " << pk << "(s[2 * kt][0], s[2 * kt][1]);\n"
-    << "          A[1] = " << pk << "(s[2 * kt][2], s[2 * kt][3]);\n"
-    << "          A[2] = " << pk << "(s[2 * kt + 1][0], s[2 * kt + 1][1]);\n"
-    << "          A[3] = " << pk << "(s[2 * kt + 1][2], s[2 * kt + 1][3]);\n"
-    << "#pragma unroll\n          for (int t = 0; t < " << D8 << "; t += 2) {\n            unsigned Bv[4];\n"
-    << "            ldsm_x4_t(Bv, smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8]));\n"
-    << "#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n              float* C = o[t + h];\n"
-    << "              unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n              " << mma << "\n            }\n"
-    << "          }\n        }\n";
+    f // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
+      // t + 1 by one ldmatrix.trans: (keys 0-7, columns t * 8..), (keys 8-15, t * 8..), (keys 0-7, t * 8 + 8..),
+      // (keys 8-15, t * 8 + 8..); lane l gives row l & 15.
+      << "#pragma unroll\n        for (int kt = 0; kt < 4; ++kt) {\n          unsigned A[4];\n"
+      << "          A[0] = " << pk << "(s[2 * kt][0], s[2 * kt][1]);\n"
+      << "          A[1] = " << pk << "(s[2 * kt][2], s[2 * kt][3]);\n"
+      << "          A[2] = " << pk << "(s[2 * kt + 1][0], s[2 * kt + 1][1]);\n"
+      << "          A[3] = " << pk << "(s[2 * kt + 1][2], s[2 * kt + 1][3]);\n"
+      << "#pragma unroll\n          for (int t = 0; t < " << D8 << "; t += 2) {\n            unsigned Bv[4];\n"
+      << "            ldsm_x4_t(Bv, smem_u32(&Vs[kt * 16 + (lane & 15)][t * 8 + (lane >> 4) * 8]));\n"
+      << "#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n              float* C = o[t + h];\n"
+      << "              unsigned B0 = Bv[2 * h], B1 = Bv[2 * h + 1];\n              " << mma << "\n            }\n"
+      << "          }\n        }\n";
   }
   if (wg)
     f << "        if ((tid & 127) == 0) mbar_arrive(smem_u32(&empty_[st]));  // (this warpgroup's products are done)\n"

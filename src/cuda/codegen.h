@@ -81,6 +81,8 @@ struct GemmShape {
   int smem_bytes() const { return stages * (bm + bn) * bk * 2; }
 };
 inline bool is_wgmma(Variant::Kind k) { return k == Variant::Wgmma128 || k == Variant::Wgmma256; }
+// The prefill attention kernels flash_tiles prints (a loaded mask summarised first, 16-byte staging)
+inline bool is_flash_tiles(Variant::Kind k) { return k == Variant::FlashMmaSkip || k == Variant::FlashWgmma; }
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.

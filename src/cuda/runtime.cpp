@@ -330,7 +330,7 @@ Runtime::Runtime(const Graph& g, Module s) : g_(g), s_(std::move(s)), plan_(g_, 
       load(v.fn);
       // (8: CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; over 48 KB needs it)
       if (v.kind == Variant::Gemm128 || v.kind == Variant::Gemm64 || is_wgmma(v.kind) ||
-          ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && v.smem))
+          (is_flash_tiles(v.kind) && v.smem))
         check(driver().cuFuncSetAttribute(fns_[v.fn], 8, v.smem), "cuFuncSetAttribute", v.fn);
     }
     load(s_.steps[i].rows_fn);
@@ -493,8 +493,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       if (Tq <= 0 || rows % Tq) return false;
       // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
       // query heads) go to the decode kernel, which holds more loads in flight.
-      bool tiled = v.kind == Variant::FlashMma || v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma;
-      if (tiled && Tq < R / 2) return false;
+      if ((v.kind == Variant::FlashMma || is_flash_tiles(v.kind)) && Tq < R / 2) return false;
       if (v.kind == Variant::FlashDecode && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
       int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
       // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
@@ -525,8 +524,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
                           dtype_size(s_.storage()[size_t(an.inputs[2].node)]) == 2 ? 8 : 4;
       bool vec = k.strides[rq - 1] == 1 && vv.strides[rv - 2] == 1 && D % u == 0 && N % u == 0 && k.offset % u == 0 &&
                  vv.offset % u == 0;
-      if (v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma)  // (8 elements a load, float32 too)
-        vec = vec && D % 8 == 0 && N % 8 == 0;
+      if (is_flash_tiles(v.kind)) vec = vec && D % 8 == 0 && N % 8 == 0;  // (8 elements a load, float32 too)
       for (size_t d = 0; d + 1 < rq; ++d) vec = vec && k.strides[d] % u == 0;
       for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
       // LUMINAL_CUDA_KV16_VECTOR=0: a 16-bit cache staged element by element (no cp.async; comparison, fallback)
@@ -537,8 +535,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
       ws_bytes_ = std::max(ws_bytes_, size_t(rows * splits * (N + 2)) * sizeof(float));
       const Step& st = s_.steps[i];
-      // (its mask summary: assign_summaries)
-      if ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && st.summary_edge >= 0) {
+      if (is_flash_tiles(v.kind) && st.summary_edge >= 0) {  // (its mask summary: assign_summaries)
         const ConcreteView& m = cv[size_t(st.summary_edge)];
         L_.summary_rows[i] = 1;
         for (size_t d = 0; d + 1 < m.shape.size(); ++d) L_.summary_rows[i] *= m.strides[d] ? m.shape[d] : 1;
@@ -1689,7 +1686,7 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
             bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
             if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
             unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
-            if ((v.kind == Variant::FlashMmaSkip || v.kind == Variant::FlashWgmma) && L_.summary_rows[i]) {
+            if (is_flash_tiles(v.kind) && L_.summary_rows[i]) {
               ptrs.push_back(summaries_->ptr + L_.summary_off[i]);
               if (L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
             }
