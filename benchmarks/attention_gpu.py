@@ -7,9 +7,9 @@ flash-mma-skip in place of flash-wgmma, which takes a 16-bit cache in the comput
 kernel without its masked-tile skipping (LUMINAL_CUDA_FLASH_MMA_SKIP=0: flash-mma); decode rows the SIMT flash
 kernel in place of the decode kernel (LUMINAL_CUDA_FLASH_DECODE=0), and with --chunks the decode kernel at each
 forced key-range length (LUMINAL_CUDA_ATTENTION_CHUNK). The luminal columns time whole runs of the graph, more than
-the attention kernel (benchmarks/kernel_profile.py times kernels alone). --kv-dtype bfloat16/float16: k and v as a 16-bit KV cache gives them (inputs of
-that dtype read through a float32 cast, which the attention kernel reads through; torch gets the same rounded
-values).
+the attention kernel (benchmarks/kernel_profile.py times kernels alone). --kv-dtype bfloat16/float16: k and v as a
+16-bit KV cache gives them (inputs of that dtype read through a float32 cast, which the attention kernel reads
+through; torch gets the same rounded values).
 
     PYTHONPATH=python python3 benchmarks/attention_gpu.py [--prefill 512,2048] [--decode 128,4096,8192] [--reps 20]
         [--chunks 128,256,512,1024] [--kv-dtype float32|bfloat16|float16]
