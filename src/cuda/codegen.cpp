@@ -2205,9 +2205,11 @@ void Generator::attention_step(Step& st, const Node& n) {
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
-      // (flash_tiles: two stages of K and V tiles in dynamic shared memory. FlashWgmma, an sm_90 device's: blocks of
-      // two warpgroups, the stages 1024-byte aligned, head sizes padded to 128: with tiles of 64 columns the
-      // products from the second stage came out wrong on an H200, a cause not found. FlashMmaSkip: blocks of 4 warps)
+      // (flash_tiles: stages of K and V tiles in dynamic shared memory. FlashWgmma, an sm_90 device's: blocks of two
+      // warpgroups, the stages 1024-byte aligned, head sizes padded to 128: with 64 columns, ptxas gave P the
+      // registers of q's fragments, which the scores' products read as their A operand on every tile, so the
+      // second tile's scores came out of P (seen in the SASS; q's tile in shared memory would avoid it).
+      // FlashMmaSkip: blocks of 4 warps)
       bool async = storage(n.inputs[1].node) == compute_ && storage(n.inputs[2].node) == compute_;
       if (int DW = 128; async)
         st.variants.push_back({Variant::FlashWgmma, flash_tiles(st, n, ps, pn, *sm, aliases, args, DW, true),
