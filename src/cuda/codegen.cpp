@@ -2878,38 +2878,36 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
   }
   // load_(j0, st): tile j0 of K and V into stage st, zeros past the keys and head sizes.
   const int D8c = DH / 8, RS = TH / D8c;  // (the 16-byte chunks of a row; rows a pass of the block covers)
+  // (16-byte copies straight to shared memory: the cache is in the compute dtype). A thread copies chunk
+  // tid % D8c of rows tid / D8c + k * RS: its row addresses found once per tile and stepped, the key check in 32
+  // bits (per copy, the 64-bit index arithmetic had outnumbered the copies several times). `in`: the indent;
+  // `kd`, `vd`: the destinations of row jj's chunk, after the statements `pre`.
+  auto row_copies = [&](const std::string& in, const std::string& pre, const std::string& kd, const std::string& vd) {
+    return in + "const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " + std::to_string(D8c) + ", lc_ = (tid % " +
+           std::to_string(D8c) + ") * 8;\n" + in + "const bool okk_ = lc_ < D, okv_ = lc_ < N;\n" + pre + in +
+           "const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
+           "#pragma unroll\n" + in + "for (int k = 0; k < " + std::to_string(64 / RS) + "; ++k) {\n" + in +
+           "  int jj = lr_ + k * " + std::to_string(RS) + ";\n" + in + "  bool ok = jj < rem_;  // (else zeros; nothing read)\n" +
+           in + "  cp_async16(smem_u32(" + kd + "), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n" + in +
+           "  cp_async16(smem_u32(" + vd + "), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n" + in + "  kp_ += " +
+           std::to_string(RS) + " * kjs;\n" + in + "  vp_ += " + std::to_string(RS) + " * vjs;\n" + in + "}\n";
+  };
   f << "      auto load_ = [&](i64 j0, int st) {\n";
   if (wg)  // (only 16-byte copies: the runtime takes this kernel for such rows alone)
     // Chunk c of key row jj goes to half c / 8 of the tile, row jj, place (c % 8) ^ (jj & 7); the thread's rows
     // are lr_ + k * RS, RS a multiple of 8, so that jj & 7 is lr_ & 7 throughout.
     f << "        u16 *Ks = smem_ + st * " << STAGE << ", *Vs = Ks + " << 64 * DH << ";\n"
-      << "        const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
-      << ") * 8;\n        const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
-      << "        const int so_ = (lc_ >> 6) * 4096 + ((((lc_ >> 3) & 7) ^ (lr_ & 7)) << 3);\n"
-      << "        const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
-      << "#pragma unroll\n        for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
-      << "          int jj = lr_ + k * " << RS << ";\n          bool ok = jj < rem_;  // (else zeros; nothing read)\n"
-      << "          cp_async16(smem_u32(Ks + so_ + jj * 64), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
-      << "          cp_async16(smem_u32(Vs + so_ + jj * 64), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
-      << "          kp_ += " << RS << " * kjs;\n          vp_ += " << RS << " * vjs;\n        }\n      };\n";
+      << row_copies("        ", "        const int so_ = (lc_ >> 6) * 4096 + ((((lc_ >> 3) & 7) ^ (lr_ & 7)) << 3);\n",
+                    "Ks + so_ + jj * 64", "Vs + so_ + jj * 64")
+      << "      };\n";
   else {
     f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n";
     std::string vec_loop = "#pragma unroll\n          for (int x = tid; x < 64 * " + std::to_string(DH / 8) + "; x += " +
                            std::to_string(TH) + ") {\n            int jj = x / " + std::to_string(DH / 8) + ", d = (x % " +
                            std::to_string(DH / 8) + ") * 8;\n            i64 j = j0 + jj;\n";
     if (async && TH % D8c == 0 && 64 % RS == 0)
-      // (16-byte copies straight to shared memory: the cache is in the compute dtype). A thread copies chunk
-      // tid % D8c of rows tid / D8c + k * RS: its row addresses found once per tile and stepped, the key check in 32
-      // bits (per copy, the 64-bit index arithmetic had outnumbered the copies several times).
-      f << "        if (vec_) {\n"
-        << "          const int rem_ = (int)min((i64)64, jhi - j0), lr_ = tid / " << D8c << ", lc_ = (tid % " << D8c
-        << ") * 8;\n          const bool okk_ = lc_ < D, okv_ = lc_ < N;\n"
-        << "          const u16 *kp_ = (const u16*)e1 + kb + (j0 + lr_) * kjs + lc_, *vp_ = (const u16*)e2 + vb + (j0 + lr_) * vjs + lc_;\n"
-        << "#pragma unroll\n          for (int k = 0; k < " << 64 / RS << "; ++k) {\n"
-        << "            int jj = lr_ + k * " << RS << ";\n            bool ok = jj < rem_;  // (else zeros; nothing read)\n"
-        << "            cp_async16(smem_u32(&Ks[jj][lc_]), ok && okk_ ? kp_ : (const u16*)e1 + kb, ok && okk_);\n"
-        << "            cp_async16(smem_u32(&Vs[jj][lc_]), ok && okv_ ? vp_ : (const u16*)e2 + vb, ok && okv_);\n"
-        << "            kp_ += " << RS << " * kjs;\n            vp_ += " << RS << " * vjs;\n          }\n          return;\n        }\n";
+      f << "        if (vec_) {\n" << row_copies("          ", "", "&Ks[jj][lc_]", "&Vs[jj][lc_]")
+        << "          return;\n        }\n";
     else if (async)
       f << "        if (vec_) {\n" << vec_loop
         << "            bool okk = j < jhi && d < D, okv = j < jhi && d < N;  // (else zeros; nothing read)\n"
