@@ -2206,14 +2206,12 @@ void Generator::attention_step(Step& st, const Node& n) {
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       int DH = int((std::max(dq.as_const(), dv.as_const()) + 15) / 16 * 16);
       // (flash_tiles: stages of K and V tiles in dynamic shared memory. FlashWgmma, an sm_90 device's: blocks of two
-      // warpgroups, the stages 1024-byte aligned, head sizes padded to 128: with 64 columns, ptxas gave P the
-      // registers of q's fragments, which the scores' products read as their A operand on every tile, so the
-      // second tile's scores came out of P (seen in the SASS; q's tile in shared memory would avoid it).
+      // warpgroups, head sizes padded to 64s, the ring's stages and q's tile after them 1024-byte aligned.
       // FlashMmaSkip: blocks of 4 warps)
       bool async = storage(n.inputs[1].node) == compute_ && storage(n.inputs[2].node) == compute_;
-      if (int DW = 128; async)
+      if (int DW = (DH + 63) / 64 * 64; async)
         st.variants.push_back({Variant::FlashWgmma, flash_tiles(st, n, ps, pn, *sm, aliases, args, DW, true),
-                               kFlashWgmmaStages * 2 * 64 * DW * 2 + 1024, 256});
+                               (kFlashWgmmaStages * 2 * 64 + 128) * DW * 2 + 1024, 256});
       st.variants.push_back({Variant::FlashMmaSkip, flash_tiles(st, n, ps, pn, *sm, aliases, args, DH, false),
                              2 * 2 * 64 * (DH + 8) * 2, 128});
       st.variants.push_back({Variant::FlashMma, flash_mma(st, n, ps, pn, *sm, aliases, args, DH)});
@@ -2828,8 +2826,18 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     << "    i64 t0 = (i64)(gridDim.x - 1 - blockIdx.x) * " << RB << ", rb_ = b * Tq + t0, kb, vb;\n"
     << "    {\n" << unravel(st.views[0], 0, Rq - 2, "rb_", "a") << "    kb = " << view_base(kv, "a", Rq - 2) << ";\n    }\n"
     << "    {\n" << unravel(st.views[2], 0, Rv - 2, "rb_", "a") << "    vb = " << view_base(v, "a", Rv - 2) << ";\n    }\n";
-  f << ft.rows << ft.qf
-    << "    for (i64 w0 = jlo; w0 < jhi; w0 += 65536) {  // windows of 1024 tiles\n"
+  f << ft.rows << ft.qf;
+  if (wg)
+    // q's tile after the ring, as K's (halves of 64 columns, the 128-byte swizzle; a warpgroup's 64 rows 8192 bytes
+    // apart), the scores' A operand by descriptor: from registers, ptxas gave P the registers of q's fragments
+    // with 64-column tiles, so that the next tile's scores read P. Each warp stores and reads only its own rows;
+    // the window's barrier below orders the stores before the products.
+    f << "    u16* qs_ = smem_ + " << WS * 2 * 64 * DH << ";\n#pragma unroll\n    for (int ks = 0; ks < " << D16
+      << "; ++ks)\n#pragma unroll\n      for (int e = 0; e < 4; ++e) {\n"
+      << "        int r = w * 16 + g + 8 * (e & 1), c = ks * 16 + q2 + (e >> 1) * 8;\n"
+      << "        *(unsigned*)(qs_ + (c >> 6) * 8192 + r * 64 + ((((c & 63) >> 3) ^ (r & 7)) << 3) + (c & 7)) = qf[ks][e];\n"
+      << "      }\n    fence_async_smem();\n";
+  f << "    for (i64 w0 = jlo; w0 < jhi; w0 += 65536) {  // windows of 1024 tiles\n"
     << "      int nt = (int)((min(jhi, w0 + 65536) - w0 + 63) / 64);\n"
     << "      __syncthreads();  // (the last window's or batch's readers of the stages and bits are done)\n";
   if (summ) {
@@ -2949,21 +2957,23 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
       << "        if (tn < nt) load_(w0 + (i64)tn * 64, st ^ 1);\n        cp_commit();\n"
       << "        cp_wait<1>();  // this thread's copies of tile tc done; the barrier: every thread's\n"
       << "        __syncthreads();\n        i64 j0 = w0 + (i64)tc * 64;\n";
-  // One warpgroup product with A from registers (the 4 of `a`, as mma.sync's fragment of the warp's 16 rows): C
-  // (nn columns, acc[t][e] as the mma tiles' fragments) += A x B, B by descriptor `desc`, read N-major where `tb`.
-  auto wgmma_rs = [&](int nn, const std::string& acc, const std::string& a, const std::string& desc, bool tb) {
+  // One warpgroup product: C (nn columns, acc[t][e] as the mma tiles' fragments) += A x B, B by descriptor
+  // `desc`, read N-major where `tb`; A by descriptor `a` (K-major), or where `areg` from registers (the 4 of array
+  // `a`, as mma.sync's fragment of the warp's 16 rows).
+  auto wgmma = [&](int nn, const std::string& acc, const std::string& a, bool areg, const std::string& desc, bool tb) {
     std::string regs, ops;
     for (int r = 0; r < nn / 2; ++r) {
       regs += (r ? ", %" : "%") + std::to_string(r);
       ops += (r ? ", \"+f\"(" : "\"+f\"(") + acc + "[" + std::to_string(r / 4) + "][" + std::to_string(r % 4) + "])";
     }
-    std::string A = std::to_string(nn / 2);
+    auto op = [&](int k) { return "%" + std::to_string(nn / 2 + k); };
+    std::string A = areg ? "{" + op(0) + ", " + op(1) + ", " + op(2) + ", " + op(3) + "}" : op(0), B = op(areg ? 4 : 1);
+    std::string ins = areg ? "\"r\"(" + a + "[0]), \"r\"(" + a + "[1]), \"r\"(" + a + "[2]), \"r\"(" + a + "[3])"
+                           : "\"l\"(" + a + ")";
     return "        asm volatile(\"{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\nwgmma.mma_async.sync.aligned.m64n" +
-           std::to_string(nn) + "k16.f32." + ct + "." + ct + " {" + regs +
-           "}, {%" + A + ", %" + std::to_string(nn / 2 + 1) + ", %" + std::to_string(nn / 2 + 2) + ", %" +
-           std::to_string(nn / 2 + 3) + "}, %" + std::to_string(nn / 2 + 4) + ", p, 1, 1, " + (tb ? "1" : "0") +
-           ";\\n}\\n\"\n                     : " + ops + "\n                     : \"r\"(" + a + "[0]), \"r\"(" + a +
-           "[1]), \"r\"(" + a + "[2]), \"r\"(" + a + "[3]), \"l\"(" + desc + "));\n";
+           std::to_string(nn) + "k16.f32." + ct + "." + ct + " {" + regs + "}, " + A + ", " + B + ", p, 1, 1, " +
+           (areg ? "" : "0, ") + (tb ? "1" : "0") + ";\\n}\\n\"\n                     : " + ops +
+           "\n                     : " + ins + ", \"l\"(" + desc + "));\n";
   };
   // (registers pinned where the products' asynchronous pipeline starts and ends, so that the compiler moves none
   // of their accesses in between)
@@ -2974,14 +2984,18 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
     return "        asm volatile(\"\" : " + ops + extra + " :: \"memory\");\n";
   };
   if (wg) {
-    // S = Q K^T, a warpgroup's 64 rows by 64 keys: k steps of 16 through K's halves (32 bytes a step in its rows).
-    f << "        const unsigned ka_ = smem_u32(smem_ + st * " << STAGE << "), va_ = ka_ + " << 64 * DH * 2 << ";\n"
+    // S = Q K^T, a warpgroup's 64 rows by 64 keys: k steps of 16 through q's and K's halves (32 bytes a step in
+    // their rows).
+    f << "        const unsigned ka_ = smem_u32(smem_ + st * " << STAGE << "), va_ = ka_ + " << 64 * DH * 2
+      << ", qa_ = smem_u32(qs_) + (w >> 2) * 8192;\n"
       << tile_bases("j0")
       << "        float s[8][4];\n#pragma unroll\n        for (int t = 0; t < 8; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;\n"
       << pin("s", 64, "") << "        wg_fence();\n";
-    for (int ks = 0; ks < D16; ++ks)
-      f << wgmma_rs(64, "s", "qf[" + std::to_string(ks) + "]",
-                    "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192 + (ks % 4) * 32) + ")", false);
+    for (int ks = 0; ks < D16; ++ks) {
+      std::string o = std::to_string((ks % 4) * 32);
+      f << wgmma(64, "s", "wg_desc(qa_ + " + std::to_string((ks / 4) * 16384) + " + " + o + ")", false,
+                 "wg_desc(ka_ + " + std::to_string((ks / 4) * 8192) + " + " + o + ")", false);
+    }
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("s", 64, "");
   } else {
     f << "        u16 (*Ks)[" << LD << "] = (u16 (*)[" << LD << "])(smem_ + st * " << STAGE << "), (*Vs)[" << LD << "] = Ks + 64;\n"
@@ -3053,8 +3067,8 @@ std::string Generator::flash_tiles(Step& st, const Node& n, const Step& ps, cons
       << "          pa_[kt][3] = " << pk << "(s[2 * kt + 1][2], s[2 * kt + 1][3]);\n        }\n"
       << pin("o", DH, pa) << "        wg_fence();\n";
     for (int kt = 0; kt < 4; ++kt)
-      f << wgmma_rs(DH, "o", "pa_[" + std::to_string(kt) + "]", "wg_desc_n(va_ + " + std::to_string(kt * 2048) + ", 8192)",
-                    true);
+      f << wgmma(DH, "o", "pa_[" + std::to_string(kt) + "]", true,
+                 "wg_desc_n(va_ + " + std::to_string(kt * 2048) + ", 8192)", true);
     f << "        wg_commit();\n        wg_wait<0>();\n" << pin("o", DH, "");
   } else {
     f // P's A fragments for keys kt*16..: tiles 2kt (k q2..) and 2kt+1 (k q2+8..); V's B fragments for output tiles t,
