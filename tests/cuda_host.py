@@ -5,6 +5,7 @@ Slow and small: for a few tiles at the edges, not for sweeps."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -204,13 +205,25 @@ def _prelude_function(name: str) -> str:
     import luminal as lm
 
     text = lm._core.cuda_prelude()
-    start = text.rindex("\n", 0, text.index(f"__device__ __forceinline__ void {name}(")) + 1
+    start = re.search(rf"^__device__ __forceinline__ \w+ {name}\(", text, re.M).start()
     end = text.index("\n}\n", start) + 3
     return text[start:end].replace("__device__ __forceinline__ ", "inline ")
 
 
 # Split Q8_0 operands quantise their activations as the GPU does (the prelude's own text).
 MATVEC += _prelude_function("q8_quantize8")
+# Unravelled indices divide by their dims' dividers (udiv), as on the GPU.
+PRELUDE += "inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned(((unsigned long long)a * b) >> 32); }\n"
+PRELUDE += _prelude_function("udiv")
+
+
+def view_slots(offset: int, size: int, shape, strides) -> list[int]:
+    """An unmasked view's slots in a kernel's parameter slice, as the runtime writes them: offset, buffer size, shape,
+    strides, and each dim's divider."""
+    import luminal as lm
+
+    shape, strides = [int(s) for s in shape], [int(s) for s in strides]
+    return [int(offset), int(size)] + shape + strides + [lm._core.cuda_div_magic(s) for s in shape]
 
 
 def compiler() -> str | None:

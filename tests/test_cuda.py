@@ -580,7 +580,7 @@ def test_llama_decode_steps_match_the_cpu(graphs, rng, monkeypatch):
     assert sessions[1]._capacity == 32
 
 
-@pytest.mark.parametrize("per", ["1", "2", "4"])
+@pytest.mark.parametrize("per", ["1", "2", "4", "8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_element_loop_elements_per_thread(cuda_backend, rng, monkeypatch, per, dtype):
     """Element-wise loops at 1, 2 and 4 elements a thread (LUMINAL_CUDA_ELEMENTS): rows of 7 (groups cross rows
@@ -600,7 +600,7 @@ def test_element_loop_setting_is_checked(monkeypatch):
     monkeypatch.setenv("LUMINAL_CUDA_ELEMENTS", "3")
     cx = lm.Graph()
     (cx.tensor((4, 4)) * 2.0).output()
-    with pytest.raises(ValueError, match="LUMINAL_CUDA_ELEMENTS must be 1, 2 or 4"):
+    with pytest.raises(ValueError, match="LUMINAL_CUDA_ELEMENTS must be 1, 2, 4 or 8"):
         cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32", device=None))
 
 

@@ -351,7 +351,7 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
         a = array_of[e.node]
         shape, strides = [int(s) for s in e.view.shape], [int(s) for s in e.view.strides]
         views.append((shape, strides))
-        params += [int(e.view.offset), a.size] + shape + strides
+        params += cuda_host.view_slots(e.view.offset, a.size, shape, strides)
         a = np.ascontiguousarray(a, np.float32)
         a = lm.dtypes.bf16_bits(a) if stored == "bfloat16" else a.astype(lm.dtypes.dtype(stored).np)
         data.append(a.tobytes())

@@ -181,7 +181,7 @@ def _run_on_host(fn, arrays, dtype, sms, tmp_path):
     data = []
     for e, arr in zip(node.inputs, arrays):
         assert g.node(e.node).op == "Input"
-        params += [int(e.view.offset), arr.size] + shape + [int(s) for s in e.view.strides]
+        params += cuda_host.view_slots(e.view.offset, arr.size, shape, e.view.strides)
         stored = comp.schedule.storage_dtype(e.node)
         data.append(torch.from_numpy(arr).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
                     if stored == "bfloat16" else arr.astype(np.float32).tobytes())

@@ -222,7 +222,7 @@ def test_qdot_kernels_on_the_host(rows, n, k, rng, tmp_path):
     for e in node.inputs:
         buf = g.node(e.node)
         size = x.size if buf.name == "x" else raw.size
-        params += [int(e.view.offset), size] + [int(s) for s in e.view.shape] + [int(s) for s in e.view.strides]
+        params += cuda_host.view_slots(e.view.offset, size, e.view.shape, e.view.strides)
     params += [0, n]  # (the weight's first output column, and N)
     ws_bytes = rows * k + rows * (k // 32) * 4
     main = f"""
@@ -379,11 +379,10 @@ inline u16 __ldg(const u16* p) { return checked(p); }
 
 def slice_of(g, nid, rows, n, k, sizes, q8):
     """A QMatMul's (q8) or MatMul's parameter slice as the runtime writes it: node, outputs, K, N, then its views
-    (offset, buffer size, shape, strides); a QMatMul's weights' first rows after them."""
+    (cuda_host.view_slots); a QMatMul's weights' first rows after them."""
     p = [nid, rows * n, k, n]
     for e in g.node(nid).inputs:
-        p += [int(e.view.offset), sizes[g.node(e.node).name]] + [int(s) for s in e.view.shape] + \
-             [int(s) for s in e.view.strides]
+        p += cuda_host.view_slots(e.view.offset, sizes[g.node(e.node).name], e.view.shape, e.view.strides)
     return p + ([0, n] if q8 else [])
 
 

@@ -81,6 +81,7 @@ void bind_cuda(py::module_& m) {
   });
   m.def("nvrtc_path", &nvrtc_path);
   m.def("cuda_prelude", [] { return std::string(prelude()); });
+  m.def("cuda_div_magic", &div_magic, "A dim's divider in a kernel's parameters (div_magic in cuda/codegen.h)");
   m.def("nvrtc_version", &nvrtc_version);
   m.def("cuda_compile", [](const std::string& src, int arch) {
     std::string bin;

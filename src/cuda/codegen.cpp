@@ -54,6 +54,15 @@ template <class T> __device__ __forceinline__ void st_bfloat16(void* b, i64 o, T
 template <class T> __device__ __forceinline__ void st_int32(void* b, i64 o, T v) { ((int*)b)[o] = (int)trunc_i32((double)v); }
 template <class T> __device__ __forceinline__ void st_uint8(void* b, i64 o, T v) { ((u8*)b)[o] = wrap_u8((double)v); }
 template <class T> __device__ __forceinline__ void st_bool(void* b, i64 o, T v) { ((u8*)b)[o] = v != (T)0; }
+// r / d for r >= 0 by d's divider md (div_magic in codegen.h: a multiply-high and a shift) where both fit 32 bits;
+// else by division.
+__device__ __forceinline__ i64 udiv(i64 r, i64 d, i64 md) {
+  if (md != 0 && (unsigned long long)r <= 0xffffffffull) {
+    unsigned n = (unsigned)r;
+    return (i64)(((unsigned long long)__umulhi(n, (unsigned)md) + n) >> (unsigned)(md >> 32));
+  }
+  return r / d;
+}
 // Elements o..o+V-1 (o a multiple of V) by one store where the address allows (element_loop's groups).
 template <int V, class S> __device__ __forceinline__ void stv_raw(S* p, const S* x) {
   constexpr int B = V * sizeof(S);
@@ -70,6 +79,21 @@ LUMINAL_STV(bfloat16, u16, f32_bf16((float)w))
 LUMINAL_STV(int32, int, (int)trunc_i32((double)w))
 LUMINAL_STV(uint8, u8, wrap_u8((double)w))
 LUMINAL_STV(bool, u8, (u8)(w != (T)0))
+// Elements o, o + s, .., o + (V-1) s of an input, widened to T: by vector loads where s is 1 and the address allows
+// (element_loop's groups).
+#define LUMINAL_LDV(NAME, S, CONV) template <int V, class T> __device__ __forceinline__ void ldv_##NAME(const void* b, i64 o, i64 s, T* x) { \
+  const S* q = (const S*)b + o; constexpr int B = V * sizeof(S); __align__(16) S y[V]; \
+  if (s == 1 && (B == 4 || B == 8 || B % 16 == 0) && ((size_t)q & (B < 16 ? B - 1 : 15)) == 0) { \
+    if (B % 16 == 0) { for (int k = 0; k < B / 16; ++k) ((uint4*)y)[k] = ((const uint4*)q)[k]; } \
+    else if (B == 8) *(uint2*)y = *(const uint2*)q; else *(unsigned*)y = *(const unsigned*)q; \
+  } else { for (int k = 0; k < V; ++k) y[k] = q[k * s]; } \
+  for (int k = 0; k < V; ++k) { S w = y[k]; x[k] = (T)(CONV); } }
+LUMINAL_LDV(float32, float, w)
+LUMINAL_LDV(float16, u16, f16_f32(w))
+LUMINAL_LDV(bfloat16, u16, bf16_f32(w))
+LUMINAL_LDV(int32, int, (double)w)
+LUMINAL_LDV(uint8, u8, (double)w)
+LUMINAL_LDV(bool, u8, w ? 1.0f : 0.0f)
 template <class T> __device__ __forceinline__ T rd_float32(T v) { return (T)(float)v; }
 template <class T> __device__ __forceinline__ T rd_float16(T v) { return (T)f16_f32(f32_f16((float)v)); }
 template <class T> __device__ __forceinline__ T rd_bfloat16(T v) { return (T)bf16_f32(f32_bf16((float)v)); }
@@ -299,6 +323,7 @@ struct ViewText {
   std::string stride(int d) const { return "p[" + std::to_string(s.base + 2 + s.rank + d) + "]"; }
   std::string lo(int d) const { return "p[" + std::to_string(s.base + 2 + 2 * s.rank + d) + "]"; }
   std::string hi(int d) const { return "p[" + std::to_string(s.base + 2 + 3 * s.rank + d) + "]"; }
+  std::string div(int d) const { return "p[" + std::to_string(s.div_slot(d)) + "]"; }
   std::string offset(const std::vector<std::string>& idx) const {
     std::string e = off();
     for (int d = 0; d < s.rank; ++d) e += " + " + idx[d] + " * " + stride(d);
@@ -330,7 +355,9 @@ std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat
   std::string out = "    i64 r_ = " + flat + ";\n";
   for (int d = to - 1; d >= from; --d) {
     if (d == from) out += "    i64 " + prefix + std::to_string(d) + " = r_;\n";
-    else out += "    i64 " + prefix + std::to_string(d) + " = r_ % " + v.shape(d) + "; r_ /= " + v.shape(d) + ";\n";
+    else
+      out += "    i64 " + prefix + std::to_string(d) + ";\n    { i64 q_ = udiv(r_, " + v.shape(d) + ", " + v.div(d) + "); " +
+             prefix + std::to_string(d) + " = r_ - q_ * " + v.shape(d) + "; r_ = q_; }\n";
   }
   return out;
 }
@@ -765,16 +792,15 @@ class Generator {
   std::vector<char> last_pairs_;  // the last group kernel's units: whether a warp computes two rows
   int last_split_ = 1;            // and its warps per row (group_split)
   int64_t last_stage_ = 0;        // and the row length it stages in shared memory (group_stage), or 0
-  // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 2 (4 ran the 8B prefill
-  // no faster, and its unrolled bodies doubled NVRTC's time over the test suite's kernels); LUMINAL_CUDA_ELEMENTS=1|2|4
-  // to compare.
+  // Elements an element-wise loop's thread takes along the innermost axis (element_loop): 0, 16 bytes of its output
+  // (at most 8); LUMINAL_CUDA_ELEMENTS=1|2|4|8 to compare.
   int elements_ = elements_per_thread();
   static int elements_per_thread() {
     const char* e = std::getenv("LUMINAL_CUDA_ELEMENTS");
-    if (!e || !*e) return 2;
+    if (!e || !*e) return 0;
     std::string v = e;
-    if (v != "1" && v != "2" && v != "4")
-      throw std::invalid_argument("LUMINAL_CUDA_ELEMENTS must be 1, 2 or 4, got '" + v + "'");
+    if (v != "1" && v != "2" && v != "4" && v != "8")
+      throw std::invalid_argument("LUMINAL_CUDA_ELEMENTS must be 1, 2, 4 or 8, got '" + v + "'");
     return std::stoi(v);
   }
   Module mod_;
@@ -820,7 +846,7 @@ class Generator {
     int base = 4;
     for (auto& v : st.views) {
       v.base = base;
-      base += 2 + 2 * v.rank + (v.masked ? 2 * v.rank : 0);
+      base += v.slots();
     }
     st.nparams = base;
   }
@@ -962,21 +988,50 @@ std::string Generator::program_at(const Program& prog, const Step& st, const Nod
 }
 
 // The body of an element-wise program's loop (see loop_kernel), and its elements per item (Loop::per). Item t is
-// elements t * V.. (V = elements_) in order: its index unravelled once and stepped (the index arithmetic, a 64-bit
-// division per axis, outweighed the work of a cheap program), the program evaluated at each (the loads of the V in
-// flight together), the results stored by one vector store where the V stay in the row, else one by one.
+// elements t * V.. in order, V = elements_ or else 16 bytes of the output (at most 8): its index unravelled once.
+// Where the V stay in one row (almost always), every input's V elements are loaded first, by one vector load where
+// the view's row is contiguous and aligned, so that all the item's loads are in flight together; then the program
+// runs at each and one vector store writes the results. Otherwise (a group crossing a row's end, the last item)
+// the index is stepped element by element in a rolled loop.
 std::pair<std::string, int> Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
   std::string res = "r" + std::to_string(prog.code.size() - 1), st_fn = "st_" + std::string(dtype_name(n.dtype));
   int R = st.views.empty() ? 0 : st.views[0].rank;
-  const int V = elements_;
+  const int V = elements_ ? elements_ : std::min(8, int(16 / dtype_size(n.dtype)));
   if (R == 0 || V == 1) return {program_at(prog, st, n, "t") + "    " + st_fn + "(out, t, " + res + ");\n", 1};
   bool dbl = double_registers(prog, n);
   std::string Vs = std::to_string(V), T = dbl ? "double" : "float";
   ViewText v0{st.views[0]};
+  std::vector<std::string> idx = names("i", 0, R);
+  std::string last = idx.back();
   Text b;
   b << "    i64 t0_ = t * " << Vs << ";\n" << unravel(st.views[0], 0, R, "t0_")
-    << "    const bool full_ = t0_ + " << Vs << " <= p[1] && i" << R - 1 << " + " << Vs << " <= " << v0.shape(R - 1)
-    << ";\n    " << T << " v_[" << Vs << "];\n#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
+    << "    if (t0_ + " << Vs << " <= p[1] && " << last << " + " << Vs << " <= " << v0.shape(R - 1) << ") {\n";
+  std::map<int, std::string> given;
+  std::vector<char> loaded(st.views.size(), 0);
+  for (const Instr& in : prog.code)
+    if (in.kind == Instr::Load && !loaded[size_t(in.input)]) {
+      loaded[size_t(in.input)] = 1;
+      const ViewSlot& vs = st.views[size_t(in.input)];
+      std::string L = "L" + std::to_string(in.input) + "_", src = "in" + std::to_string(in.input);
+      DType sd = storage(n.inputs[size_t(in.input)].node);
+      b << "    " << T << " " << L << "[" << Vs << "];\n";
+      if (!vs.masked) {
+        b << "    ldv_" << dtype_name(sd) << "<" << Vs << ">(" << src << ", " << ViewText{vs}.offset(idx) << ", "
+          << ViewText{vs}.stride(R - 1) << ", " << L << ");\n";
+      } else {  // (padded: each element checked against its bounds)
+        for (int e = 0; e < V; ++e) {
+          std::vector<std::string> ie = idx;
+          ie.back() = "(" + last + " + " + std::to_string(e) + ")";
+          b << load(vs, ie, src, sd, T, L + "[" + std::to_string(e) + "]");
+        }
+      }
+      given[in.input] = L + "[e_]";
+    }
+  b << "    " << T << " v_[" << Vs << "];\n#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
+    << program_body(prog, st, n, T, dbl, idx, std::vector<char>(prog.code.size(), 1), size_t(-1), given)
+    << "    v_[e_] = " << res << ";\n    }\n"
+    << "    stv_" << dtype_name(n.dtype) << "<" << Vs << ">(out, t0_, v_);\n"
+    << "    } else {\n#pragma unroll 1\n    for (int e_ = 0; e_ < " << Vs << " && t0_ + e_ < p[1]; ++e_) {\n"
     << "    if (e_) {  // (the next element's index: a step, not a second unravel)\n";
   for (int d = R - 1; d >= 0; --d) {
     std::string I = "i" + std::to_string(d);
@@ -984,10 +1039,8 @@ std::pair<std::string, int> Generator::element_loop(const Program& prog, const S
     if (d > 0) b << "    if (" << I << " == " << v0.shape(d) << ") {\n    " << I << " = 0;\n";
   }
   for (int d = 1; d < R; ++d) b << "    }\n";
-  b << "    }\n    if (full_ || t0_ + e_ < p[1]) {\n"
-    << program_body(prog, st, n, T, dbl, names("i", 0, R), std::vector<char>(prog.code.size(), 1), size_t(-1))
-    << "    v_[e_] = " << res << ";\n    if (!full_) " << st_fn << "(out, t0_ + e_, " << res << ");\n    }\n    }\n"
-    << "    if (full_) stv_" << dtype_name(n.dtype) << "<" << Vs << ">(out, t0_, v_);\n";
+  b << "    }\n" << program_body(prog, st, n, T, dbl, idx, std::vector<char>(prog.code.size(), 1), size_t(-1))
+    << "    " << st_fn << "(out, t0_ + e_, " << res << ");\n    }\n    }\n";
   return {b.str(), V};
 }
 

@@ -19,13 +19,25 @@ namespace cuda {
 
 // One view a kernel reads: node input `edge`, its axes reordered by `perm` (empty: as is); `base` is its first
 // slot in the kernel's parameter slice: [offset, buffer size, shape x rank, strides x rank, (lo, hi) x rank if masked].
+// Then per dim its shape's divider (div_magic), so that unravelling an index divides by a multiply-high.
 struct ViewSlot {
   int edge = 0;
   std::vector<int> perm;
   int rank = 0;
   bool masked = false;
   int base = 0;
+  int div_slot(int d) const { return base + 2 + (masked ? 4 : 2) * rank + d; }
+  int slots() const { return 2 + (masked ? 5 : 3) * rank; }
 };
+// The divider of d (for udiv in the prelude): for 1 <= d < 2^32, m | l << 32 with l = ceil(log2 d) and
+// m = floor(2^32 (2^l - d) / d) + 1, so that n / d = (umulhi(n, m) + n) >> l for every n < 2^32; else 0 (divide).
+inline int64_t div_magic(int64_t d) {
+  if (d < 1 || d > int64_t(0xffffffff)) return 0;
+  int l = 0;
+  while ((int64_t(1) << l) < d) ++l;
+  uint64_t m = (uint64_t(1) << 32) * ((uint64_t(1) << l) - uint64_t(d)) / uint64_t(d) + 1;
+  return int64_t(m | (uint64_t(l) << 32));
+}
 
 // One way to run a step: a printed kernel and how it covers the step's work. A step lists its variants in order of
 // preference (per op family: a MatMul's tensor-core, tiled, matrix-vector and generic kernels; a reduction's

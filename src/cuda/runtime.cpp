@@ -703,6 +703,7 @@ void Runtime::configure(size_t i) {
         p[vs.base + 2 + 2 * vs.rank + d] = w.lo[size_t(d)];
         p[vs.base + 2 + 3 * vs.rank + d] = w.hi[size_t(d)];
       }
+      p[vs.div_slot(d)] = div_magic(w.shape[size_t(d)]);
     }
   }
   int64_t out_n = numel_of(shape);
