@@ -287,7 +287,7 @@ def test_prologue_group_kernel_on_the_host(n, k, members, rng, tmp_path):
         p = [nid, items, k, extra]
         for e in g.node(nid).inputs:
             size = sizes.get(g.node(e.node).name, numel(e.node))
-            p += [int(e.view.offset), size] + [int(s) for s in e.view.shape] + [int(s) for s in e.view.strides]
+            p += cuda_host.view_slots(e.view.offset, size, e.view.shape, e.view.strides)
         return p + ([0, n] if q8 else [])
 
     q8 = members == "q8"

@@ -494,7 +494,7 @@ def test_qrows_group_epilogues_on_the_host(k, staged, rng, tmp_path, monkeypatch
         p = [e, numel(e), 0, 0]
         for ed in g.node(e).inputs:
             size = numel(ed.node) if ed.node in members else sizes[name_of[ed.node]]
-            p += [int(ed.view.offset), size] + [int(d) for d in ed.view.shape] + [int(d) for d in ed.view.strides]
+            p += cuda_host.view_slots(ed.view.offset, size, ed.view.shape, ed.view.strides)
         slices.append(p)
         args += [f"P[{len(slices) - 1}].data()", f"o{e}.data()"]
         args += [f"o{ed.node}.data()" if ed.node in members else f"{name_of[ed.node]}.data()" for ed in g.node(e).inputs]
