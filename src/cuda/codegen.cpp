@@ -362,6 +362,13 @@ std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat
   return out;
 }
 
+// Declares `var` = q_ % (view's dim d) and divides q_ by it (udiv: the dim's divider).
+std::string divmod_dim(const ViewSlot& s, int d, const std::string& var) {
+  ViewText v{s};
+  return "    i64 " + var + ";\n    { i64 d_ = udiv(q_, " + v.shape(d) + ", " + v.div(d) + "); " + var + " = q_ - d_ * " +
+         v.shape(d) + "; q_ = d_; }\n";
+}
+
 // The row offset of view `vt` at the row indices <pre>0.. of its first nd dims.
 std::string view_base(const ViewText& vt, const std::string& pre, int nd) {
   std::string e = vt.off();
@@ -867,9 +874,14 @@ class Generator {
   std::string program_kernel(const Program& prog, const Step& st, const Node& n, bool block_per_row = false);
   std::string program_at(const Program& prog, const Step& st, const Node& n, const std::string& t) const;
   std::pair<std::string, int> element_loop(const Program& prog, const Step& st, const Node& n) const;
-  template <class BodyOf>
-  std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
-                         const BodyOf& body_of);
+  int group_elements(const Node& n) const;
+  std::string group_loads(const Program& prog, const std::vector<char>& need, const Step& st, const Node& n,
+                          const std::string& T, const std::vector<std::string>& idx, int V,
+                          std::map<int, std::string>& given) const;
+  std::string row_pass(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                       const std::vector<char>& need, size_t skip, const std::string& each, const std::string& each_tail,
+                       const std::string& post) const;
+  std::string row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl) const;
   void program_step(const luminal::Step& cs, Step& st, const Node& n);
   void gather_step(Step& st, const Node& n);
   void scatter_step(Step& st, const Node& n, const luminal::Step* producer, const Step* pk);
@@ -993,43 +1005,63 @@ std::string Generator::program_at(const Program& prog, const Step& st, const Nod
 // the view's row is contiguous and aligned, so that all the item's loads are in flight together; then the program
 // runs at each and one vector store writes the results. Otherwise (a group crossing a row's end, the last item)
 // the index is stepped element by element in a rolled loop.
+// The loads of a group of V consecutive elements along the innermost axis (index `idx`, its last at the group's
+// first element) of every input the instructions in `need` read: into arrays L<input>_ (`given` maps each input to
+// its element e_), by one ldv per view (vector loads where the row is contiguous and aligned), or element by element
+// with bounds checks for padded views. All of a group's loads are issued before any of its arithmetic.
+std::string Generator::group_loads(const Program& prog, const std::vector<char>& need, const Step& st, const Node& n,
+                                   const std::string& T, const std::vector<std::string>& idx, int V,
+                                   std::map<int, std::string>& given) const {
+  Text b;
+  std::string Vs = std::to_string(V), last = idx.back();
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (!need[i] || in.kind != Instr::Load || given.count(in.input)) continue;
+    const ViewSlot& vs = st.views[size_t(in.input)];
+    std::string L = "L" + std::to_string(in.input) + "_", src = "in" + std::to_string(in.input);
+    DType sd = storage(n.inputs[size_t(in.input)].node);
+    b << "    " << T << " " << L << "[" << Vs << "];\n";
+    if (!vs.masked) {
+      b << "    ldv_" << dtype_name(sd) << "<" << Vs << ">(" << src << ", " << ViewText{vs}.offset(idx) << ", "
+        << ViewText{vs}.stride(int(idx.size()) - 1) << ", " << L << ");\n";
+    } else {
+      for (int e = 0; e < V; ++e) {
+        std::vector<std::string> ie = idx;
+        ie.back() = "(" + last + " + " + std::to_string(e) + ")";
+        b << load(vs, ie, src, sd, T, L + "[" + std::to_string(e) + "]");
+      }
+    }
+    given[in.input] = L + "[e_]";
+  }
+  return b.str();
+}
+
+int Generator::group_elements(const Node& n) const {
+  return elements_ ? elements_ : std::min(8, int(16 / dtype_size(n.dtype)));
+}
+
+// The body of an element-wise program's loop (see loop_kernel), and its elements per item (Loop::per). Item t is
+// elements t * V.. in order (V: group_elements): its index unravelled once. Where the V stay in one row (almost
+// always), the group's loads go first (group_loads), then the program runs at each and one vector store writes the
+// results. Otherwise (a group crossing a row's end, the last item) the index is stepped element by element in a
+// rolled loop.
 std::pair<std::string, int> Generator::element_loop(const Program& prog, const Step& st, const Node& n) const {
   std::string res = "r" + std::to_string(prog.code.size() - 1), st_fn = "st_" + std::string(dtype_name(n.dtype));
   int R = st.views.empty() ? 0 : st.views[0].rank;
-  const int V = elements_ ? elements_ : std::min(8, int(16 / dtype_size(n.dtype)));
+  const int V = group_elements(n);
   if (R == 0 || V == 1) return {program_at(prog, st, n, "t") + "    " + st_fn + "(out, t, " + res + ");\n", 1};
   bool dbl = double_registers(prog, n);
   std::string Vs = std::to_string(V), T = dbl ? "double" : "float";
   ViewText v0{st.views[0]};
   std::vector<std::string> idx = names("i", 0, R);
-  std::string last = idx.back();
+  std::vector<char> all(prog.code.size(), 1);
+  std::map<int, std::string> given;
   Text b;
   b << "    i64 t0_ = t * " << Vs << ";\n" << unravel(st.views[0], 0, R, "t0_")
-    << "    if (t0_ + " << Vs << " <= p[1] && " << last << " + " << Vs << " <= " << v0.shape(R - 1) << ") {\n";
-  std::map<int, std::string> given;
-  std::vector<char> loaded(st.views.size(), 0);
-  for (const Instr& in : prog.code)
-    if (in.kind == Instr::Load && !loaded[size_t(in.input)]) {
-      loaded[size_t(in.input)] = 1;
-      const ViewSlot& vs = st.views[size_t(in.input)];
-      std::string L = "L" + std::to_string(in.input) + "_", src = "in" + std::to_string(in.input);
-      DType sd = storage(n.inputs[size_t(in.input)].node);
-      b << "    " << T << " " << L << "[" << Vs << "];\n";
-      if (!vs.masked) {
-        b << "    ldv_" << dtype_name(sd) << "<" << Vs << ">(" << src << ", " << ViewText{vs}.offset(idx) << ", "
-          << ViewText{vs}.stride(R - 1) << ", " << L << ");\n";
-      } else {  // (padded: each element checked against its bounds)
-        for (int e = 0; e < V; ++e) {
-          std::vector<std::string> ie = idx;
-          ie.back() = "(" + last + " + " + std::to_string(e) + ")";
-          b << load(vs, ie, src, sd, T, L + "[" + std::to_string(e) + "]");
-        }
-      }
-      given[in.input] = L + "[e_]";
-    }
-  b << "    " << T << " v_[" << Vs << "];\n#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
-    << program_body(prog, st, n, T, dbl, idx, std::vector<char>(prog.code.size(), 1), size_t(-1), given)
-    << "    v_[e_] = " << res << ";\n    }\n"
+    << "    if (t0_ + " << Vs << " <= p[1] && " << idx.back() << " + " << Vs << " <= " << v0.shape(R - 1) << ") {\n"
+    << group_loads(prog, all, st, n, T, idx, V, given)
+    << "    " << T << " v_[" << Vs << "];\n#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
+    << program_body(prog, st, n, T, dbl, idx, all, size_t(-1), given) << "    v_[e_] = " << res << ";\n    }\n"
     << "    stv_" << dtype_name(n.dtype) << "<" << Vs << ">(out, t0_, v_);\n"
     << "    } else {\n#pragma unroll 1\n    for (int e_ = 0; e_ < " << Vs << " && t0_ + e_ < p[1]; ++e_) {\n"
     << "    if (e_) {  // (the next element's index: a step, not a second unravel)\n";
@@ -1039,9 +1071,32 @@ std::pair<std::string, int> Generator::element_loop(const Program& prog, const S
     if (d > 0) b << "    if (" << I << " == " << v0.shape(d) << ") {\n    " << I << " = 0;\n";
   }
   for (int d = 1; d < R; ++d) b << "    }\n";
-  b << "    }\n" << program_body(prog, st, n, T, dbl, idx, std::vector<char>(prog.code.size(), 1), size_t(-1))
+  b << "    }\n" << program_body(prog, st, n, T, dbl, idx, all, size_t(-1))
     << "    " << st_fn << "(out, t0_ + e_, " << res << ");\n    }\n    }\n";
   return {b.str(), V};
+}
+
+// One pass of a row program over row `row` (i<R-1> over p[2]) by the block's threads, a group of V consecutive
+// elements each (group_loads first): `each` after the instructions in `need` at every element (the tail's
+// elements one by one), `post` after a whole group's (with g_ its first element).
+std::string Generator::row_pass(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
+                                const std::vector<char>& need, size_t skip, const std::string& each,
+                                const std::string& each_tail, const std::string& post) const {
+  int R = st.views[0].rank, V = group_elements(n);
+  std::vector<std::string> idx = names("i", 0, R);
+  std::string j = idx.back(), Vs = std::to_string(V);
+  std::vector<char> nd = need;
+  if (skip < nd.size()) nd[skip] = 0;
+  std::map<int, std::string> given;
+  Text k;
+  k << "    for (i64 g_ = threadIdx.x * " << Vs << "; g_ < p[2]; g_ += blockDim.x * " << Vs << ") {\n"
+    << "    if (g_ + " << Vs << " <= p[2]) {\n    i64 " << j << " = g_;\n"
+    << group_loads(prog, nd, st, n, T, idx, V, given)
+    << "#pragma unroll\n    for (int e_ = 0; e_ < " << Vs << "; ++e_) {\n"
+    << program_body(prog, st, n, T, dbl, idx, need, skip, given) << each << "    }\n" << post
+    << "    } else {\n    for (i64 " << j << " = g_; " << j << " < p[2]; ++" << j << ") {\n"
+    << program_body(prog, st, n, T, dbl, idx, need, skip) << each_tail << "    }\n    }\n    }\n";
+  return k.str();
 }
 
 // A program ending in a reduction: a warp per output row; or a block per row (with row reductions, or for few long
@@ -1055,7 +1110,7 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
   auto body_of = [&](const std::vector<char>& need, size_t skip) {
     return program_body(prog, st, n, T, dbl, idx, need, skip);
   };
-  if (block_per_row || prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl, body_of);
+  if (block_per_row || prog.has_row_reductions()) return row_kernel(prog, st, n, T, dbl);
   Text body;
   body << body_of(std::vector<char>(prog.code.size(), 1), size_t(-1));
   std::string res = "r" + std::to_string(prog.code.size() - 1);
@@ -1083,53 +1138,43 @@ std::string Generator::program_kernel(const Program& prog, const Step& st, const
 // block's threads (evaluating only what it needs, from the loads: values are recomputed, not kept) ending in a
 // block-wide sum or max that every thread receives; the last pass computes the output (stored per element, or
 // reduced once more when the program ends in a reduction). p[1]: rows, p[2]: row length.
-// A row program's Reduce steps for one row (element index i<R-1> over p[2]): a pass each by the block's threads,
-// ending in a block-wide sum or max (shared scratch `part`) that every thread receives as k<i>.
-template <class BodyOf>
-std::string row_reductions(const Program& prog, int R, const std::string& T, bool dbl, const BodyOf& body_of,
-                           const std::string& part) {
-  std::string j = "i" + std::to_string(R - 1);
-  Text k;
-  for (size_t i = 0; i < prog.code.size(); ++i) {
-    const Instr& in = prog.code[i];
-    if (in.kind != Instr::Reduce) continue;
-    bool sum = in.op == Op::SumReduce;
-    std::string a = "r" + std::to_string(in.a);
-    k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << (sum ? "(" + T + ")0" : lit(-INFINITY, !dbl))
-      << ";\n#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(prog.needed_for(i), i) << "    acc = " << (sum ? "acc + " + a : "op_max(acc, " + a + ")") << ";\n    }\n"
-      << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
-      << (sum ? "true" : "false") << ", " << part << "));\n    }\n";
-  }
-  return k.str();
-}
-
-template <class BodyOf>
-std::string Generator::row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T, bool dbl,
-                                  const BodyOf& body_of) {
+std::string Generator::row_kernel(const Program& prog, const Step& st, const Node& n, const std::string& T,
+                                  bool dbl) const {
   int R = st.views[0].rank;
   if (R < 1) throw std::logic_error("CUDA codegen: a row reduction over a rank-0 iteration space");
-  std::string j = "i" + std::to_string(R - 1), st_fn = std::string("st_") + dtype_name(n.dtype);
+  std::string st_fn = std::string("st_") + dtype_name(n.dtype), V = std::to_string(group_elements(n));
   auto init = [&](Op op) { return op == Op::SumReduce ? "(" + T + ")0" : lit(-INFINITY, !dbl); };
   auto combine = [&](Op op, const std::string& x) {
-    return op == Op::SumReduce ? "acc + " + x : "op_max(acc, " + x + ")";
+    return "    acc = " + (op == Op::SumReduce ? "acc + " + x : "op_max(acc, " + x + ")") + ";\n";
   };
   Text k;
   k << "extern \"C\" __global__ __launch_bounds__(1024) void NAME" << params(int(n.inputs.size())) << " {\n"
     << "  __shared__ " << T << " part[32];\n"
     << "  for (i64 row = blockIdx.x; row < p[1]; row += gridDim.x) {\n";
   if (R > 1) k << unravel(st.views[0], 0, R - 1, "row");
-  k << row_reductions(prog, R, T, dbl, body_of, "part");
+  // Each Reduce step: a pass ending in a block-wide sum or max (shared scratch `part`) that every thread receives
+  // as k<i>.
+  for (size_t i = 0; i < prog.code.size(); ++i) {
+    const Instr& in = prog.code[i];
+    if (in.kind != Instr::Reduce) continue;
+    std::string c = combine(in.op, "r" + std::to_string(in.a));
+    k << "    " << T << " k" << int(i) << ";\n    {\n    " << T << " acc = " << init(in.op) << ";\n"
+      << row_pass(prog, st, n, T, dbl, prog.needed_for(i), i, c, c, "")
+      << "    k" << int(i) << " = rd_" << dtype_name(in.dtype) << "<" << T << ">(block_reduce(acc, "
+      << (in.op == Op::SumReduce ? "true" : "false") << ", part));\n    }\n";
+  }
   size_t last = prog.code.size() - 1;
   std::string res = "r" + std::to_string(last);
   if (prog.reduce == Op::Input) {
-    k << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(prog.needed_for(last), size_t(-1)) << "    " << st_fn << "(out, row * p[2] + " << j << ", " << res
-      << ");\n    }\n";
+    k << "    {\n    " << T << " v_[" << V << "];\n"
+      << row_pass(prog, st, n, T, dbl, prog.needed_for(last), size_t(-1), "    v_[e_] = " + res + ";\n",
+                  "    " + st_fn + "(out, row * p[2] + i" + std::to_string(R - 1) + ", " + res + ");\n",
+                  "    stv_" + std::string(dtype_name(n.dtype)) + "<" + V + ">(out, row * p[2] + g_, v_);\n")
+      << "    }\n";
   } else {
+    std::string c = combine(prog.reduce, res);
     k << "    {\n    " << T << " acc = " << init(prog.reduce) << ";\n"
-      << "#pragma unroll 4\n    for (i64 " << j << " = threadIdx.x; " << j << " < p[2]; " << j << " += blockDim.x) {\n"
-      << body_of(prog.needed_for(last), size_t(-1)) << "    acc = " << combine(prog.reduce, res) << ";\n    }\n"
+      << row_pass(prog, st, n, T, dbl, prog.needed_for(last), size_t(-1), c, c, "")
       << "    acc = block_reduce(acc, " << (prog.reduce == Op::SumReduce ? "true" : "false") << ", part);\n"
       << "    if (threadIdx.x == 0) " << st_fn << "(out, row, acc);\n    }\n";
   }
@@ -1167,8 +1212,7 @@ void Generator::gather_step(Step& st, const Node& n) {
   k << "extern \"C\" __global__ void NAME" << params(2) << " {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1]; t += (i64)gridDim.x * blockDim.x) {\n"
     << "    i64 q_ = t;\n";
-  for (int d = Rt - 1; d >= 1; --d)
-    k << "    i64 j" << d << " = q_ % " << ViewText{tv}.shape(d) << "; q_ /= " << ViewText{tv}.shape(d) << ";\n";
+  for (int d = Rt - 1; d >= 1; --d) k << divmod_dim(tv, d, "j" + std::to_string(d));
   k << unravel(iv, 0, Ri, "q_", "x") << "    double row;\n"
     << load(iv, names("x", 0, Ri), "in1", is, "double", "row")
     << "    if (!(row >= 0 && row < " << ViewText{tv}.shape(0) << ")) { fail(err, p, 2); " << "st_"
@@ -1201,8 +1245,7 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
   // p[2]: index elements x row size, p[3]: row size (p[1] counts the copy's elements).
   k << "    i64 j = t % p[3], m = t / p[3];\n    i64 q_ = j;\n";
   for (int d = R - 1; d >= 1; --d) {
-    std::string s = "s" + std::to_string(Ri + d - 1);
-    k << "    i64 " << s << " = q_ % " << ViewText{dv}.shape(d) << "; q_ /= " << ViewText{dv}.shape(d) << ";\n";
+    k << divmod_dim(dv, d, "s" + std::to_string(Ri + d - 1));
   }
   k << unravel(iv, 0, Ri, "m", "s") << "    double row;\n"
     << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
