@@ -1241,34 +1241,81 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
   int R = dv.rank, Ri = iv.rank;
   DType ss = storage(n.inputs[2].node), is = storage(n.inputs[1].node);
   std::string T = is_int(ss) ? "double" : "float";
+  // One element of the rows, t (< p[2]: index elements x row size; p[3]: row size; p[1] counts the copy's elements).
   Text k;
-  // p[2]: index elements x row size, p[3]: row size (p[1] counts the copy's elements).
   k << "    i64 j = t % p[3], m = t / p[3];\n    i64 q_ = j;\n";
-  for (int d = R - 1; d >= 1; --d) {
-    k << divmod_dim(dv, d, "s" + std::to_string(Ri + d - 1));
-  }
+  for (int d = R - 1; d >= 1; --d) k << divmod_dim(dv, d, "s" + std::to_string(Ri + d - 1));
   k << unravel(iv, 0, Ri, "m", "s") << "    double row;\n"
     << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
-    << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n"
-    << "    " << T << " v;\n";
+    << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n";
   Loop rows;
   rows.args = input_names(3);
-  if (!producer) {
-    k << load(sv, names("s", 0, sv.rank), "in2", ss, T, "v");
-  } else {
-    const Step& ps = *pk;
-    const Node& pn = g_.node(producer->node);
-    k << "    { i64 ts_ = " << ViewText{sv}.offset(names("s", 0, sv.rank)) << ";\n    const i64* p = Q;\n";
+  const Step* ps = producer ? pk : nullptr;
+  const Node* pn = producer ? &g_.node(producer->node) : nullptr;
+  if (producer) {
     rows.args.push_back("Q");
-    for (size_t q = 0; q < pn.inputs.size(); ++q) {
-      k << "    const void* in" << int(q) << " = J" << int(q) << ";\n";
-      rows.args.push_back("J" + std::to_string(q));
-    }
-    k << program_at(*producer->program, ps, pn, "ts_") << "    v = (" << T << ")r" << int(producer->program->code.size() - 1)
-      << "; }\n";
+    for (size_t q = 0; q < pn->inputs.size(); ++q) rows.args.push_back("J" + std::to_string(q));
   }
-  k << "    st_" << dtype_name(n.dtype) << "(out, (i64)row * p[3] + j, v);\n";
-  rows.body = k.str();
+  // The source's value at the s indices into v (T): loaded, or the producer's program evaluated through its own
+  // parameter slice (Q) and inputs (J<k>).
+  auto producer_scope = [&]() {
+    std::string o = "    const i64* p = Q;\n";
+    for (size_t q = 0; q < pn->inputs.size(); ++q)
+      o += "    const void* in" + std::to_string(q) + " = J" + std::to_string(q) + ";\n";
+    return o;
+  };
+  std::vector<std::string> sidx = names("s", 0, sv.rank);
+  std::string one = k.str() + "    " + T + " v;\n";
+  if (!producer)
+    one += load(sv, sidx, "in2", ss, T, "v");
+  else
+    one += "    { i64 ts_ = " + ViewText{sv}.offset(sidx) + ";\n" + producer_scope() +
+           program_at(*producer->program, *ps, *pn, "ts_") + "    v = (" + T + ")r" +
+           std::to_string(producer->program->code.size() - 1) + "; }\n";
+  one += "    st_" + std::string(dtype_name(n.dtype)) + "(out, (i64)row * p[3] + j, v);\n";
+  // Groups of V consecutive elements of a row (V as element loops take; rows and the destination's last dim
+  // multiples of V): the row's index read once, the source's V values loaded first (group_loads, the producer's
+  // program at V consecutive elements of its own rows), one vector store. Otherwise element by element.
+  const int V = group_elements(n);
+  std::string Vs = std::to_string(V), sl = "s" + std::to_string(sv.rank - 1);
+  Text g;
+  g << "    i64 t0_ = t * " << Vs << ";\n    bool grp_ = p[3] % " << Vs << " == 0 && t0_ + " << Vs << " <= p[2];\n"
+    << "    " << T << " v_[" << Vs << "];\n    double row = 0.0;\n    i64 j = 0;\n    if (grp_) {\n"
+    << "    i64 t = t0_;\n    j = t % p[3];\n    i64 m = t / p[3];\n    i64 q_ = j;\n";
+  for (int d = R - 1; d >= 1; --d) g << divmod_dim(dv, d, "s" + std::to_string(Ri + d - 1));
+  g << unravel(iv, 0, Ri, "m", "s") << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
+    << "    grp_ = row >= 0 && row < " << ViewText{dv}.shape(0) << " && " << sl << " + " << Vs << " <= "
+    << ViewText{dv}.shape(R - 1) << ";\n";
+  std::vector<char> all;
+  if (sv.masked) {  // (a padded source: element by element, each checked)
+    g << "    grp_ = false;\n";
+  } else if (!producer) {
+    g << "    if (grp_) ldv_" << dtype_name(ss) << "<" << Vs << ">(in2, " << ViewText{sv}.offset(sidx) << ", "
+      << ViewText{sv}.stride(sv.rank - 1) << ", v_);\n";
+  } else {
+    const Program& pp = *producer->program;
+    int Rp = ps->views.empty() ? 0 : ps->views[0].rank;
+    bool dbl = double_registers(pp, *pn);
+    std::string PT = dbl ? "double" : "float";
+    all.assign(pp.code.size(), 1);
+    std::map<int, std::string> given;
+    std::vector<std::string> idx = names("i", 0, Rp);
+    if (Rp == 0) {
+      g << "    grp_ = false;\n";
+    } else {
+      g << "    grp_ = grp_ && " << ViewText{sv}.stride(sv.rank - 1) << " == 1;\n    if (grp_) {\n    i64 ts_ = "
+        << ViewText{sv}.offset(sidx) << ";\n" << producer_scope() << unravel(ps->views[0], 0, Rp, "ts_")
+        << "    if (" << idx.back() << " + " << Vs << " <= " << ViewText{ps->views[0]}.shape(Rp - 1) << ") {\n"
+        << group_loads(pp, all, *ps, *pn, PT, idx, V, given) << "#pragma unroll\n    for (int e_ = 0; e_ < " << Vs
+        << "; ++e_) {\n" << program_body(pp, *ps, *pn, PT, dbl, idx, all, size_t(-1), given) << "    v_[e_] = ("
+        << T << ")r" << int(pp.code.size() - 1) << ";\n    }\n    } else grp_ = false;\n    }\n";
+    }
+  }
+  g << "    }\n    if (grp_) stv_" << dtype_name(n.dtype) << "<" << Vs << ">(out, (i64)row * p[3] + j, v_);\n"
+    << "    else {\n#pragma unroll 1\n    for (int e_ = 0; e_ < " << Vs << " && t0_ + e_ < p[2]; ++e_) {\n"
+    << "    i64 t = t0_ + e_;\n" << one << "    }\n    }\n";
+  rows.body = g.str();
+  rows.per = V;
   rows.count = 2;
   st.rows_fn = loop_kernel(rows);
 }
