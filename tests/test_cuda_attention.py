@@ -597,7 +597,7 @@ def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, en
 
 # ---- prefill on Hopper's warpgroup products (flash-wgmma: 128 query rows a block, a 16-bit cache) -----------------
 # (KV heads, query heads per KV head, new tokens s, cached tokens p, head size, mask), as HOST_CASES: head sizes 128,
-# 64 and 80 (both padded to 128), 96 rows per KV head (under one block), a causal offset, masks hiding middle tiles,
+# 64 and 80 (padded to 128), 96 rows per KV head (under one block), a causal offset, masks hiding middle tiles,
 # and a long cache over few row blocks (key ranges merged by the combine kernel).
 WGMMA_CASES = {"causal-128": (2, 2, 200, 37, 128, "causal"), "middle-64": (1, 2, 70, 100, 64, "middle"),
                "head-80": (1, 2, 48, 20, 80, "causal"), "ranges-128": (1, 2, 64, 1000, 128, "causal")}
