@@ -1256,8 +1256,8 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
     rows.args.push_back("Q");
     for (size_t q = 0; q < pn->inputs.size(); ++q) rows.args.push_back("J" + std::to_string(q));
   }
-  // The source's value at the s indices into v (T): loaded, or the producer's program evaluated through its own
-  // parameter slice (Q) and inputs (J<k>).
+  // `one`: element t alone, the source's value at the s indices loaded, or the producer's program evaluated through
+  // its own parameter slice (Q) and inputs (J<k>).
   auto producer_scope = [&]() {
     std::string o = "    const i64* p = Q;\n";
     for (size_t q = 0; q < pn->inputs.size(); ++q)
@@ -1286,7 +1286,6 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
   g << unravel(iv, 0, Ri, "m", "s") << load(iv, names("s", 0, Ri), "in1", is, "double", "row")
     << "    grp_ = row >= 0 && row < " << ViewText{dv}.shape(0) << " && " << sl << " + " << Vs << " <= "
     << ViewText{dv}.shape(R - 1) << ";\n";
-  std::vector<char> all;
   if (sv.masked) {  // (a padded source: element by element, each checked)
     g << "    grp_ = false;\n";
   } else if (!producer) {
@@ -1297,7 +1296,7 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
     int Rp = ps->views.empty() ? 0 : ps->views[0].rank;
     bool dbl = double_registers(pp, *pn);
     std::string PT = dbl ? "double" : "float";
-    all.assign(pp.code.size(), 1);
+    std::vector<char> all(pp.code.size(), 1);
     std::map<int, std::string> given;
     std::vector<std::string> idx = names("i", 0, Rp);
     if (Rp == 0) {
