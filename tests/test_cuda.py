@@ -614,3 +614,42 @@ def test_split_warps_setting_is_checked(monkeypatch):
     (x @ cx.tensor((16, 64), name="b").T).output()
     with pytest.raises(ValueError, match="LUMINAL_CUDA_SPLIT_WARPS must be an integer, got '4k'"):
         cx.compile(lm.GenericCompiler(), lm.CudaCompiler("float32", device=None))
+
+
+def test_index_division_by_dividers(tmp_path, rng):
+    """Kernels unravel indices by the prelude's udiv with each dim's divider from the parameter slice
+    (`cuda_div_magic`): run on the host against exact division, for dims 1..2100, powers of two and their
+    neighbours, dims near 2^31 and 2^32, and dividends 0, d-1, d, d+1, random ones and the largest 32-bit ones; dims
+    past 32 bits (divider 0) and dividends past 32 bits take the division itself."""
+    import cuda_host
+
+    if not cuda_host.compiler():
+        pytest.skip("needs a host C++ compiler")
+    ds = list(range(1, 2101)) + [2**k + o for k in range(11, 33) for o in (-1, 0, 1)] + [2**31 - 7, 2**32 - 1, 2**33 + 5]
+    ds += [int(x) for x in rng.gen.integers(1, 2**32, 300)]
+    cases = []
+    for d in ds:
+        ns = [0, 1, d - 1, d, d + 1, 2 * d + 3, 2**32 - 1, 2**32 - 2, 2**32, 2**40 + 17]
+        ns += [int(x) for x in rng.gen.integers(0, 2**32, 4)]
+        cases += [(n, d, lm._core.cuda_div_magic(d)) for n in ns]
+    assert lm._core.cuda_div_magic(2**33 + 5) == 0 and lm._core.cuda_div_magic(0) == 0
+    (tmp_path / "cases.bin").write_bytes(np.array(cases, np.int64).tobytes())
+    main = """
+#include <cstdio>
+int main(int, char** argv) {
+  FILE* f = std::fopen(argv[1], "rb");
+  i64 c[3];
+  long bad = 0, n = 0;
+  while (std::fread(c, 8, 3, f) == 3) {
+    ++n;
+    if (udiv(c[0], c[1], c[2]) != c[0] / c[1] && bad++ < 5)
+      std::printf("udiv(%lld, %lld) = %lld\\n", c[0], c[1], udiv(c[0], c[1], c[2]));
+  }
+  std::printf("%ld of %ld wrong\\n", bad, n);
+  return bad != 0;
+}
+"""
+    exe = cuda_host.build(main, tmp_path)
+    r = subprocess.run([str(exe), str(tmp_path / "cases.bin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout
+    assert f"0 of {len(cases)} wrong" in r.stdout
