@@ -583,7 +583,7 @@ def test_llama_decode_steps_match_the_cpu(graphs, rng, monkeypatch):
 @pytest.mark.parametrize("per", ["1", "2", "4", "8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_element_loop_elements_per_thread(cuda_backend, rng, monkeypatch, per, dtype):
-    """Element-wise loops at 1, 2 and 4 elements a thread (LUMINAL_CUDA_ELEMENTS): rows of 7 (groups cross rows
+    """Element-wise loops at 1, 2, 4 and 8 elements a thread (LUMINAL_CUDA_ELEMENTS): rows of 7 (groups cross rows
     and step their index over the row's end), a transposed input, a total not a multiple of the group, and float,
     16-bit and bool results (the vector stores)."""
     monkeypatch.setenv("LUMINAL_CUDA_ELEMENTS", per)

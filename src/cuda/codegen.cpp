@@ -317,13 +317,14 @@ struct Text {
 // Text that reads slots of a view.
 struct ViewText {
   const ViewSlot& s;
-  std::string off() const { return "p[" + std::to_string(s.base) + "]"; }
-  std::string size() const { return "p[" + std::to_string(s.base + 1) + "]"; }
-  std::string shape(int d) const { return "p[" + std::to_string(s.base + 2 + d) + "]"; }
-  std::string stride(int d) const { return "p[" + std::to_string(s.base + 2 + s.rank + d) + "]"; }
-  std::string lo(int d) const { return "p[" + std::to_string(s.base + 2 + 2 * s.rank + d) + "]"; }
-  std::string hi(int d) const { return "p[" + std::to_string(s.base + 2 + 3 * s.rank + d) + "]"; }
-  std::string div(int d) const { return "p[" + std::to_string(s.div_slot(d)) + "]"; }
+  static std::string at(int slot) { return "p[" + std::to_string(slot) + "]"; }
+  std::string off() const { return at(s.base); }
+  std::string size() const { return at(s.base + 1); }
+  std::string shape(int d) const { return at(s.shape_slot(d)); }
+  std::string stride(int d) const { return at(s.stride_slot(d)); }
+  std::string lo(int d) const { return at(s.lo_slot(d)); }
+  std::string hi(int d) const { return at(s.hi_slot(d)); }
+  std::string div(int d) const { return at(s.div_slot(d)); }
   std::string offset(const std::vector<std::string>& idx) const {
     std::string e = off();
     for (int d = 0; d < s.rank; ++d) e += " + " + idx[d] + " * " + stride(d);
@@ -348,25 +349,19 @@ std::string load(const ViewSlot& s, const std::vector<std::string>& idx, const s
          ") { if (o < 0 || o >= " + v.size() + ") fail(err, p, 1); else " + var + " = (" + T + ")" + ld + "o); } }\n";
 }
 
+// Declares `var` = <running> % (the view's dim d) and divides <running> by it (udiv: the dim's divider).
+std::string divmod_dim(const ViewSlot& s, int d, const std::string& var, const std::string& running = "q_") {
+  ViewText v{s};
+  return "    i64 " + var + ";\n    { i64 d_ = udiv(" + running + ", " + v.shape(d) + ", " + v.div(d) + "); " + var +
+         " = " + running + " - d_ * " + v.shape(d) + "; " + running + " = d_; }\n";
+}
+
 // Declares i<from>..i<to-1> by unravelling `flat` over the view's shape (dims from..to-1, row-major).
 std::string unravel(const ViewSlot& s, int from, int to, const std::string& flat, const std::string& prefix = "i") {
   if (from >= to) return "";
-  ViewText v{s};
   std::string out = "    i64 r_ = " + flat + ";\n";
-  for (int d = to - 1; d >= from; --d) {
-    if (d == from) out += "    i64 " + prefix + std::to_string(d) + " = r_;\n";
-    else
-      out += "    i64 " + prefix + std::to_string(d) + ";\n    { i64 q_ = udiv(r_, " + v.shape(d) + ", " + v.div(d) + "); " +
-             prefix + std::to_string(d) + " = r_ - q_ * " + v.shape(d) + "; r_ = q_; }\n";
-  }
-  return out;
-}
-
-// Declares `var` = q_ % (view's dim d) and divides q_ by it (udiv: the dim's divider).
-std::string divmod_dim(const ViewSlot& s, int d, const std::string& var) {
-  ViewText v{s};
-  return "    i64 " + var + ";\n    { i64 d_ = udiv(q_, " + v.shape(d) + ", " + v.div(d) + "); " + var + " = q_ - d_ * " +
-         v.shape(d) + "; q_ = d_; }\n";
+  for (int d = to - 1; d > from; --d) out += divmod_dim(s, d, prefix + std::to_string(d), "r_");
+  return out + "    i64 " + prefix + std::to_string(from) + " = r_;\n";
 }
 
 // The row offset of view `vt` at the row indices <pre>0.. of its first nd dims.

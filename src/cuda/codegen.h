@@ -26,6 +26,10 @@ struct ViewSlot {
   int rank = 0;
   bool masked = false;
   int base = 0;
+  int shape_slot(int d) const { return base + 2 + d; }
+  int stride_slot(int d) const { return base + 2 + rank + d; }
+  int lo_slot(int d) const { return base + 2 + 2 * rank + d; }  // (masked views)
+  int hi_slot(int d) const { return base + 2 + 3 * rank + d; }
   int div_slot(int d) const { return base + 2 + (masked ? 4 : 2) * rank + d; }
   int slots() const { return 2 + (masked ? 5 : 3) * rank; }
 };

@@ -697,11 +697,11 @@ void Runtime::configure(size_t i) {
     p[vs.base] = w.offset;
     p[vs.base + 1] = g_.node(src).op == Op::Constant ? 1 : plan_.numel(src);
     for (int d = 0; d < vs.rank; ++d) {
-      p[vs.base + 2 + d] = w.shape[size_t(d)];
-      p[vs.base + 2 + vs.rank + d] = w.strides[size_t(d)];
+      p[vs.shape_slot(d)] = w.shape[size_t(d)];
+      p[vs.stride_slot(d)] = w.strides[size_t(d)];
       if (vs.masked) {
-        p[vs.base + 2 + 2 * vs.rank + d] = w.lo[size_t(d)];
-        p[vs.base + 2 + 3 * vs.rank + d] = w.hi[size_t(d)];
+        p[vs.lo_slot(d)] = w.lo[size_t(d)];
+        p[vs.hi_slot(d)] = w.hi[size_t(d)];
       }
       p[vs.div_slot(d)] = div_magic(w.shape[size_t(d)]);
     }
