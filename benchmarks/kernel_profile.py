@@ -4,7 +4,7 @@ labelled with the steps that launch it. Where `--profile` of llm_gpu.py says how
 this says whether a kernel is bound by memory, by instructions or by neither (latency).
 
     PYTHONPATH=python python3 benchmarks/kernel_profile.py [--mode prefill|decode] [--tokens 2048] [--layers 1]
-        [--model 8b|8b-q8|135m] [--cache-dtype bfloat16]
+        [--model 8b|8b-q8|135m] [--cache-dtype bfloat16] [--stalls]
 
 It starts `ncu --profile-from-start off --clock-control none` on itself (the child builds the shape with random
 weights, warms up, and brackets one step with cudaProfilerStart/Stop), then prints a row per launch in order and
@@ -33,6 +33,12 @@ METRICS = {  # ncu metric -> column
     "dram__bytes.sum": "MB",
     "smsp__inst_executed.sum": "Minstr",
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor%",
+}
+STALLS = {  # --stalls: where a latency-bound kernel's warps wait (% of their active cycles)
+    "smsp__warp_issue_stalled_no_instruction_per_warp_active.pct": "noinst%",
+    "smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct": "memory%",
+    "smsp__warp_issue_stalled_barrier_per_warp_active.pct": "barrier%",
+    "smsp__warp_issue_stalled_membar_per_warp_active.pct": "membar%",
 }
 LABEL = "KERNEL "  # the child's lines naming a kernel's steps
 
@@ -126,8 +132,12 @@ def main():
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--model", default="8b", choices=["8b", "8b-q8", "135m"])
     p.add_argument("--cache-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--stalls", action="store_true", help="add columns of stall reasons (no instruction, memory, "
+                   "barrier, memory barrier)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.stalls:
+        METRICS.update(STALLS)
     if a.child:
         return child(a)
     ncu = shutil.which("ncu")

@@ -2311,7 +2311,7 @@ void Generator::attention_step(Step& st, const Node& n) {
   };
 
   std::optional<SoftmaxForm> sm = softmax_form(prog);
-  // The Flash and FlashDecode kernels' online softmax for row i of a warp's rows, a lane per key j: x from the
+  // The Flash kernel's online softmax for row i of a warp's rows, a lane per key j: x from the
   // score `score` (0 past the range), the row's running max and sum updated over the warp, pe<i> this lane's weight,
   // and the row's `ncols` accumulators (indexed by `col`) rescaled.
   auto online_row = [&](int i, const std::string& score, const std::string& col, const std::string& ncols) {
@@ -2357,9 +2357,12 @@ void Generator::attention_step(Step& st, const Node& n) {
   if (sm && !dbl) {
     // Decode (FlashDecode): head sizes known when printing. RW query rows per block (the query heads of a KV head);
     // the block's 4 warps take turns over its key range's 32-key tiles, a lane per key: the lane's key row in
-    // registers (16-byte loads), its scores against the rows' q in shared memory, the warp's online softmax, then
-    // each lane accumulates its CPL output columns over the tile's rows of V. No block barrier inside the loop; the
-    // warps' partial rows merge in shared memory at the end.
+    // registers (16-byte loads), its scores against the rows' q in shared memory, the warp's online softmax (the
+    // tile's weights to shared memory), then each lane accumulates its CPL output columns over the tile's rows of V.
+    // No block barrier inside the loop; the warps' partial rows merge in shared memory at the end.
+    // A decode step runs this code once per block (a tile or two per warp), so its length is its cost: a lane past
+    // the range reads the range's last key (weighted 0) instead of branching, every row runs the same unrolled
+    // code, and the fallbacks for other layouts are rolled loops.
     Expr dq = n.inputs[0].view.shape.back(), dv = n.inputs[2].view.shape[size_t(Rv - 2)];
     if (dq.is_const() && dv.is_const() && dq.as_const() <= 128 && dv.as_const() <= 128) {
       const int RW = 4, Dc = int(dq.as_const()), Nc = int(dv.as_const()), CPL = std::max(1, (Nc + 31) / 32);
@@ -2370,13 +2373,16 @@ void Generator::attention_step(Step& st, const Node& n) {
       bool kv16 = dtype_size(ks) == 2 && dtype_size(vs) == 2;
       bool kvec = Dc % 8 == 0 && (ks == DType::F32 || kv16);
       bool vvec = (CPL == 1 || CPL == 2 || CPL == 4) && Nc % CPL == 0 && (vs == DType::F32 || kv16);
-      std::string RWs = std::to_string(RW), CP = std::to_string(CPL);
+      std::string RWs = std::to_string(RW), CP = std::to_string(CPL), DC = std::to_string(Dc);
       std::string NC = std::to_string(32 * CPL), DQ = std::to_string((Dc + 3) / 4 * 4);
+      std::string QN = std::to_string((RW * Dc + 127) / 128), RD = std::to_string(RW * Dc);
+      std::string ksr = kv.stride(Rq - 2), vsr = v.stride(Rv - 1);  // (a key's and a value row's strides)
       Text f;
       std::vector<std::string> dargs = args;
       dargs.push_back("tk");  // the tickets: per tile of rows, how many of its key ranges are done (see below)
       f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(dargs) << " {\n"
         << "  __shared__ __align__(16) float Qs[" << RWs << "][" << DQ << "];\n"
+        << "  __shared__ __align__(16) float Ps[4][" << RWs << "][32];\n"
         << "  __shared__ float Ms[4][" << RWs << "], Ls[4][" << RWs << "], As[4][" << RWs << "][" << NC << "];\n"
         << "  __shared__ bool last_;\n"
         << aliases << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4)
@@ -2388,86 +2394,103 @@ void Generator::attention_step(Step& st, const Node& n) {
         << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
         << "    i64 t0 = (i64)blockIdx.x * " << RWs << ", rb_ = b * Tq + t0, qb, kb, vb;\n"
         << qk_bases("rb_") << v_base("rb_") << "    __syncthreads();\n"
-        << "    for (int x = tid; x < " << RW * Dc << "; x += 128) {\n"
-        << "      int rr = x / " << Dc << ", d = x % " << Dc << ";\n      float val = 0.0f;\n"
-        << "      if (t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
-        << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        val = " << ld(0) << view_base(q, "a", Rq - 2) << " + d * "
-        << q.stride(Rq - 1) << ");\n      }\n      Qs[rr][d] = val;\n    }\n";
-      for (int i = 0; i < RW; ++i) {
+        // q's rows: a thread's loads all issued, then stored
+        << "    {\n    float qv_[" << QN << "];\n#pragma unroll\n    for (int u = 0; u < " << QN << "; ++u) {\n"
+        << "      int x = tid + u * 128, rr = x / " << DC << ", d = x % " << DC << ";\n      qv_[u] = 0.0f;\n"
+        << "      if (x < " << RD << " && t0 + rr < Tq) {\n        i64 row = rb_ + rr;\n"
+        << unravel(st.views[0], 0, Rq - 2, "row", "a") << "        qv_[u] = " << ld(0) << view_base(q, "a", Rq - 2)
+        << " + d * " << q.stride(Rq - 1) << ");\n      }\n    }\n"
+        << "#pragma unroll\n    for (int u = 0; u < " << QN << "; ++u) {\n      int x = tid + u * 128;\n"
+        << "      if (x < " << RD << ") Qs[x / " << DC << "][x % " << DC << "] = qv_[u];\n    }\n    }\n"
+        << "    float m_[" << RWs << "], l_[" << RWs << "], acc_[" << RWs << "][" << CP << "];\n"
+        << "#pragma unroll\n    for (int r = 0; r < " << RWs << "; ++r) {\n      m_[r] = ninf;\n      l_[r] = 0.0f;\n"
+        << "#pragma unroll\n      for (int u = 0; u < " << CP << "; ++u) acc_[r][u] = 0.0f;\n    }\n";
+      // Each row's indices into the program's inputs (a row past Tq: 0s; it runs along, never stored).
+      for (int i = 0; i < RW && Rp > 1; ++i) {
         std::string I = std::to_string(i);
-        f << "    i64 row" << I << " = rb_ + " << I << ";\n    bool ok" << I << " = t0 + " << I << " < Tq;\n"
-          << "    float m" << I << " = ninf, l" << I << " = 0.0f, acc" << I << "[" << CP << "];\n"
-          << "#pragma unroll\n    for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] = 0.0f;\n";
         for (int d = 0; d + 1 < Rp; ++d) f << "    i64 x" << I << "_" << d << " = 0;\n";
-        if (Rp > 1) {
-          f << "    if (ok" << I << ") {\n" << unravel(st.views[3], 0, Rp - 1, "row" + I, "u");
-          for (int d = 0; d + 1 < Rp; ++d) f << "    x" << I << "_" << d << " = u" << d << ";\n";
-          f << "    }\n";
-        }
+        f << "    if (t0 + " << I << " < Tq) {\n" << unravel(st.views[3], 0, Rp - 1, "rb_ + " + I, "u");
+        for (int d = 0; d + 1 < Rp; ++d) f << "    x" << I << "_" << d << " = u" << d << ";\n";
+        f << "    }\n";
       }
       f << "    __syncthreads();\n"
-        << "    for (i64 j0 = jlo + w * 32; j0 < jhi; j0 += 128) {\n      i64 j = j0 + lane;\n"
-        << "      float s[" << RWs << "];\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) s[r] = 0.0f;\n"
-        << "      if (j < jhi) {\n";
+        << "    for (i64 j0 = jlo + w * 32; j0 < jhi; j0 += 128) {\n"
+        << "      i64 j = j0 + lane, jc = min(j, jhi - 1);\n";
+      // A 16-bit V tile (32 rows of CPL values per lane, 2 to 8 bytes each) is loaded into registers first: its
+      // latency runs under the scores and the softmax. (A lane past N reads column 0 and stores nothing.)
+      std::string vt16;
+      if (vvec && vs != DType::F32) vt16 = CPL == 4 ? "uint2" : CPL == 2 ? "unsigned" : "u16";
+      if (!vt16.empty())
+        f << "      " << vt16 << " vr_[32];\n      if (vv_) {\n        i64 vc_ = lane * " << CP << " < N ? lane * " << CP
+          << " : 0;\n#pragma unroll\n        for (int jj = 0; jj < 32; ++jj)\n          vr_[jj] = *(const " << vt16
+          << "*)((const u16*)e2 + vb + min(j0 + jj, jhi - 1) * " << vsr << " + vc_);\n      }\n";
+      f << "      float s[" << RWs << "];\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) s[r] = 0.0f;\n";
       if (kvec)
-        f << "        if (vk) {\n#pragma unroll\n          for (int d8 = 0; d8 < " << Dc / 8 << "; ++d8) {\n"
-          << "            float kx[8];\n            ld8_" << dtype_name(ks) << "(e1, kb + j * " << kv.stride(Rq - 2)
-          << " + d8 * 8, kx);\n"
-          << "#pragma unroll\n            for (int u = 0; u < 8; ++u)\n#pragma unroll\n"
-          << "              for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d8 * 8 + u] * kx[u];\n"
-          << "          }\n        } else\n";
-      f << "        for (int d = 0; d < " << Dc << "; ++d) {\n          float kx = " << ld(1) << "kb + j * "
-        << kv.stride(Rq - 2) << " + d * " << kv.stride(Rq - 1) << ");\n#pragma unroll\n"
-        << "          for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n        }\n      }\n";
-      // V's rows of the tile: lane l holds columns l * CPL.. (one load of CPL consecutive values when aligned).
-      Text vl;
-      std::string vt16;  // (16-bit V: the raw type of a lane's CPL values)
-      if (vs == DType::F32) {
-        const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
-        vl << "            " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << v.stride(Rv - 1)
-           << " + lane * " << CP << ");\n";
-        if (CPL == 1) vl << "            vv[0] = t_;\n";
-        else vl << "            vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "            vv[2] = t_.z; vv[3] = t_.w;\n" : "");
-      } else {  // CPL 16-bit values: one load of 2, 4 or 8 bytes, widened (loaded ahead: vr_, see below)
-        const char* vt = CPL == 4 ? "uint2" : CPL == 2 ? "unsigned" : "u16";
-        std::string cvt = vs == DType::BF16 ? "bf16_f32" : "f16_f32";
-        vt16 = vt;
-        vl << "            " << vt << " t_ = vr_[jj];\n";
-        if (CPL == 1) vl << "            vv[0] = " << cvt << "(t_);\n";
-        else if (CPL == 2) vl << "            vv[0] = " << cvt << "((u16)t_); vv[1] = " << cvt << "((u16)(t_ >> 16));\n";
-        else
-          vl << "            vv[0] = " << cvt << "((u16)t_.x); vv[1] = " << cvt << "((u16)(t_.x >> 16));\n"
-             << "            vv[2] = " << cvt << "((u16)t_.y); vv[3] = " << cvt << "((u16)(t_.y >> 16));\n";
-      }
-      // A 16-bit V tile (32 rows of CPL values per lane, 2 to 8 bytes each) is loaded into registers before the
-      // softmax: its latency runs under the scores' reductions instead of after them, a batch of loads at a time.
-      bool vpre = vvec && !vt16.empty();
-      if (vpre)
-        f << "      " << vt16 << " vr_[32];\n      if (vv_ && lane * " << CP << " < N) {\n#pragma unroll\n"
-          << "        for (int jj = 0; jj < 32; ++jj)\n          if (j0 + jj < jhi) vr_[jj] = *(const " << vt16
-          << "*)((const u16*)e2 + vb + (j0 + jj) * " << v.stride(Rv - 1) << " + lane * " << CP << ");\n      }\n";
-      for (int i = 0; i < RW; ++i) f << online_row(i, "s[" + std::to_string(i) + "]", "u", CP);
-      f << "#pragma unroll " << (vpre ? "32" : "8") << "\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = j0 + jj;\n"
-        << "        float vv[" << CP << "];\n#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) vv[u] = 0.0f;\n"
-        << "        if (jv < jhi) {\n";
-      if (vvec) f << "          if (vv_) {\n            if (lane * " << CP << " < N) {\n" << vl.str() << "            }\n          } else\n";
-      f << "#pragma unroll\n          for (int u = 0; u < " << CP << "; ++u) {\n            i64 c = lane * " << CP
-        << " + u;\n            if (c < N) vv[u] = " << ld(2) << "vb + c * " << v.stride(Rv - 2) << " + jv * "
-        << v.stride(Rv - 1) << ");\n          }\n        }\n";
+        f << "      if (vk) {\n#pragma unroll\n        for (int d8 = 0; d8 < " << Dc / 8 << "; ++d8) {\n"
+          << "          float kx[8];\n          ld8_" << dtype_name(ks) << "(e1, kb + jc * " << ksr << " + d8 * 8, kx);\n"
+          << "#pragma unroll\n          for (int u = 0; u < 8; ++u)\n#pragma unroll\n"
+          << "            for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d8 * 8 + u] * kx[u];\n"
+          << "        }\n      } else\n";
+      f << "#pragma unroll 4\n      for (int d = 0; d < " << DC << "; ++d) {\n        float kx = " << ld(1) << "kb + jc * "
+        << ksr << " + d * " << kv.stride(Rq - 1) << ");\n#pragma unroll\n"
+        << "        for (int r = 0; r < " << RWs << "; ++r) s[r] += Qs[r][d] * kx;\n      }\n"
+        << "      float x_[" << RWs << "];\n";
+      // The program at each row's score (past the range: -inf, weight 0).
       for (int i = 0; i < RW; ++i) {
         std::string I = std::to_string(i);
-        f << "        float p" << I << " = __shfl_sync(0xffffffffu, pe" << I << ", jj);\n"
-          << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) acc" << I << "[u] += p" << I << " * vv[u];\n";
+        std::vector<std::string> idx;
+        f << "      {\n";
+        for (int d = 0; d + 1 < Rp; ++d) {
+          f << "      i64 i" << d << " = x" << I << "_" << d << ";\n";
+          idx.push_back("i" + std::to_string(d));
+        }
+        f << "      i64 " << jn << " = jc;\n";
+        idx.push_back(jn);
+        f << body_of(idx, prog.needed_for(size_t(sm->x)), size_t(-1), "s[" + I + "]") << "      x_[" << I
+          << "] = j < jhi ? (float)r" << sm->x << " : ninf;\n      }\n";
       }
-      f << "      }\n    }\n";
+      // The rows' online softmax (independent: their reductions interleave), the tile's weights to Ps.
+      f << "#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) {\n"
+        << "        float mn = op_max(m_[r], warp_max(x_[r])), mu = mn == ninf ? 0.0f : mn;\n"
+        << "        float al = op_exp2((m_[r] - mu) * c_), pe = op_exp2((x_[r] - mu) * c_);\n"
+        << "        l_[r] = l_[r] * al + warp_sum(pe);\n        m_[r] = mn;\n"
+        << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) acc_[r][u] *= al;\n"
+        << "        Ps[w][r][lane] = pe;\n      }\n      __syncwarp();\n";
+      // V's tile weighted: from the registers (16-bit), else a rolled loop of vector loads (float32) or of
+      // elements. (The weights' shared loads merge into 16-byte ones.)
+      auto accumulate = [&](const std::string& pw, const std::string& in) {
+        return in + "#pragma unroll\n" + in + "for (int r = 0; r < " + RWs + "; ++r)\n" + in + "#pragma unroll\n" + in +
+               "  for (int u = 0; u < " + CP + "; ++u) acc_[r][u] += " + pw + " * vv[u];\n";
+      };
+      if (!vt16.empty()) {
+        std::string cvt = vs == DType::BF16 ? "bf16_f32" : "f16_f32";
+        f << "      if (vv_) {\n#pragma unroll\n        for (int jj = 0; jj < 32; ++jj) {\n"
+          << "          " << vt16 << " t_ = vr_[jj];\n          float vv[" << CP << "];\n";
+        if (CPL == 1) f << "          vv[0] = " << cvt << "(t_);\n";
+        else if (CPL == 2) f << "          vv[0] = " << cvt << "((u16)t_); vv[1] = " << cvt << "((u16)(t_ >> 16));\n";
+        else
+          f << "          vv[0] = " << cvt << "((u16)t_.x); vv[1] = " << cvt << "((u16)(t_.x >> 16));\n"
+            << "          vv[2] = " << cvt << "((u16)t_.y); vv[3] = " << cvt << "((u16)(t_.y >> 16));\n";
+        f << accumulate("Ps[w][r][jj]", "          ") << "        }\n      } else\n";
+      }
+      f << "#pragma unroll 2\n      for (int jj = 0; jj < 32; ++jj) {\n        i64 jv = min(j0 + jj, jhi - 1);\n"
+        << "        float vv[" << CP << "];\n";
+      if (vvec && vs == DType::F32) {
+        const char* vt = CPL == 4 ? "float4" : CPL == 2 ? "float2" : "float";
+        f << "        if (vv_) {\n          " << vt << " t_ = *(const " << vt << "*)((const float*)e2 + vb + jv * " << vsr
+          << " + (lane * " << CP << " < N ? lane * " << CP << " : 0));\n";
+        if (CPL == 1) f << "          vv[0] = t_;\n";
+        else f << "          vv[0] = t_.x; vv[1] = t_.y;\n" << (CPL == 4 ? "          vv[2] = t_.z; vv[3] = t_.w;\n" : "");
+        f << "        } else\n";
+      }
+      f << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) {\n          i64 c = lane * " << CP << " + u;\n"
+        << "          vv[u] = c < N ? " << ld(2) << "vb + c * " << v.stride(Rv - 2) << " + jv * " << vsr << ") : 0.0f;\n"
+        << "        }\n" << accumulate("Ps[w][r][jj]", "        ") << "      }\n      __syncwarp();\n    }\n";
       // The warps' partial rows merged (rescaled to their common max): the normalised rows, or this key range's
       // partial result for the combine.
-      for (int i = 0; i < RW; ++i) {
-        std::string I = std::to_string(i);
-        f << "    if (lane == 0) { Ms[w][" << I << "] = m" << I << "; Ls[w][" << I << "] = l" << I << "; }\n"
-          << "#pragma unroll\n    for (int u = 0; u < " << CP << "; ++u) As[w][" << I << "][lane * " << CP << " + u] = acc"
-          << I << "[u];\n";
-      }
+      f << "    if (lane == 0) {\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) { Ms[w][r] = m_[r]; Ls[w][r] = l_[r]; }\n    }\n"
+        << "#pragma unroll\n    for (int r = 0; r < " << RWs << "; ++r)\n#pragma unroll\n      for (int u = 0; u < " << CP
+        << "; ++u) As[w][r][lane * " << CP << " + u] = acc_[r][u];\n";
       f << "    __syncthreads();\n    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n"
         << "    for (int x = tid; x < " << RW * 32 * CPL << "; x += 128) {\n"
         << "      int r = x / " << NC << ", c = x % " << NC << ";\n"
