@@ -1412,7 +1412,12 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     args.push_back(slot(pro));
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
   }
-  launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
+  if (s_.group_stage[g]) {  // (each block stages the row once: no more blocks than run at once, 4 a multiprocessor)
+    unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * 4)), 1, 1};
+    launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
+  } else {
+    launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
+  }
   for (size_t k = G.first; k <= G.last; ++k) done[k] = 1;
   return true;
 }
