@@ -1412,8 +1412,14 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     args.push_back(slot(pro));
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
   }
-  if (s_.group_stage[g]) {  // (each block stages the row once: no more blocks than run at once, 4 a multiprocessor)
-    unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * 4)), 1, 1};
+  if (s_.group_stage[g]) {
+    // Each block stages the row once: no more blocks than run at once, the kernel's 4 a multiprocessor
+    // (LUMINAL_CUDA_STAGE_BLOCKS: another number, to compare).
+    static const int64_t per_sm = [] {
+      const char* e = std::getenv("LUMINAL_CUDA_STAGE_BLOCKS");
+      return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(4);
+    }();
+    unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * per_sm)), 1, 1};
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
   } else {
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
