@@ -582,11 +582,13 @@ def test_cpu_attention_16bit_cache(rng, monkeypatch, mode, case, kv_dtype):
 
 @pytest.mark.parametrize("case,env", [("causal-gqa-offset", "LUMINAL_CUDA_FLASH_MMA_SKIP"),
                                       ("causal-gqa-offset", "LUMINAL_CUDA_KV16_VECTOR"),
-                                      ("decode-32", "LUMINAL_CUDA_FLASH_DECODE")])
+                                      ("decode-32", "LUMINAL_CUDA_FLASH_DECODE"),
+                                      ("decode-128", "LUMINAL_CUDA_KV16_VECTOR")])
 def test_attention_16bit_cache_variants(cuda_backend, rng, monkeypatch, case, env):
     """The other kernels over a bfloat16 cache, each by its switch (on a GPU; the cuda-nvrtc backend compiles them):
     flash-mma (skip off: its loads rounded element by element), flash-mma-skip staged element by element (no
-    cp.async), and decode without the decode kernel (the float32 tiles)."""
+    cp.async), decode without the decode kernel (the float32 tiles), and the decode kernel's element loops (k's
+    and v's rows loaded element by element, as for rows not 16-byte aligned)."""
     monkeypatch.setenv(env, "0")
     fn, arrays, ref = _cache16("bfloat16", rng.data, case)
     want = fn(*map(torch.from_numpy, ref)).numpy()
