@@ -286,6 +286,17 @@ inline void ldsm_x4(unsigned* d, const u16* row) {
 }
 """
 
+# What the decode kernel uses beyond these: warp barriers, the tickets' atomic counter (blocks run one after another
+# here, so the fences have nothing to order), L2 loads as plain ones.
+_HOST_DECODE = r"""
+inline void __syncwarp() { wbar[threadIdx.x / 32].wait(); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { std::lock_guard<std::mutex> l(atomics); unsigned o = *p; *p += v; return o; }
+inline void __threadfence() {}
+template <class T> T __ldcg(const T* p) { return *p; }
+inline float bf16_f32(u16 h) { return bits_f32(unsigned(h) << 16); }
+struct float2 { float x, y; };
+"""
+
 _HOST_ATTN_MAIN = r"""
 int main(int argc, char** argv) {
   i64 np, nin, nout, G[3];
@@ -302,19 +313,21 @@ int main(int argc, char** argv) {
   int err = 0;
   PREP
   launch(G[0], G[1], G[2], THREADS, [&] { MAIN(p.data(), &err, out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data()SMARG); });
+  POST
   f = std::fopen(argv[2], "wb"); std::fwrite(out.data(), 4, nout, f); std::fclose(f);
   std::printf("%d\n", MMAS);
 }
 """
 
 
-def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", window=None):
+def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", window=None, chunk=None):
     """Runs the Attention step of fn(*inputs) (q, k, v, mask: graph inputs) through its printed `kind` kernel on the
     host, with the runtime's parameters (Runtime::applies: rows sharing k and v, one key range), once per value of
     the 16-byte staging flag in `vecs`; the outputs, flat, and the tiles skipped in each run. `kv_dtype`: k's and
     v's inputs in that dtype (a 16-bit KV cache: fn reads them through a float32 cast, which the kernel reads
     through). `window`: flash_tiles' window of key tiles classified at once, in keys (its 65536 shrunk to reach
-    several windows at a small size)."""
+    several windows at a small size). `chunk`: flash-decode's keys per range (ranges merged by the last of a
+    tile's blocks, through its ticket, which must be back at 0 after the run)."""
     cx = lm.Graph()
     ins = [cx.tensor(a.shape, kv_dtype if i in (1, 2) else "float32").set(a) for i, a in enumerate(arrays)]
     fn(*ins).output()
@@ -370,15 +383,23 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
     rows = int(np.prod(qs[:rq - 2]))
     Tq = int(np.gcd(shared_rows(ks, kst, rq - 2), shared_rows(vs, vst, rv - 2)))
     B = rows // Tq
-    params += [D, N, Tq, B, 1, T, 0]
-    threads = int(re.search(r"__launch_bounds__\((\d+)", text)[1])  # (16 query rows per warp)
-    grid = [(Tq + threads // 2 - 1) // (threads // 2), B, 1]
+    decode = kind == "flash-decode"
+    chunk = chunk or T
+    splits = -(-T // chunk)
+    params += [D, N, Tq, B, splits, chunk, 0]
+    threads = int(re.search(r"__launch_bounds__\((\d+)", text)[1])
+    R = 4 if decode else threads // 2  # (query rows per block: 16 per warp in the tensor-core kernels)
+    grid = [(Tq + R - 1) // R, B, splits]
     main = _HOST_ATTN_MAIN.replace("MAIN", name).replace("THREADS", str(threads))
-    main = main.replace("WSFLOATS", str(rows * (N + 2))).replace("SMBYTES", str(rows * -(-T // 64)))
-    main = main.replace("SMARG", "" if prep is None else ", sm.data()")
-    main = main.replace("PREP", "" if prep is None else "launch(2, 1, 1, 256, [&] { %s(p.data(), &err, out.data(), "
-                        "in[0].data(), in[1].data(), in[2].data(), in[3].data(), ws.data(), sm.data()); });" % prep)
-    exe = cuda_host.build(_HOST_ATTN + ("" if prep is None else texts[prep]) + text + main, tmp_path)
+    main = main.replace("WSFLOATS", str(rows * splits * (N + 2))).replace("SMBYTES", str(rows * -(-T // 64)))
+    main = main.replace("SMARG", ", sm.data()" if prep else ", tk.data()" if decode else "")
+    main = main.replace("PREP", "launch(2, 1, 1, 256, [&] { %s(p.data(), &err, out.data(), in[0].data(), "
+                        "in[1].data(), in[2].data(), in[3].data(), ws.data(), sm.data()); });" % prep if prep else
+                        "std::vector<unsigned> tk(%d, 0u);" % (grid[0] * B) if decode else "")
+    main = main.replace("POST", "for (unsigned t : tk) if (t) return 3;  // (every ticket set back to 0)"
+                        if decode else "")
+    exe = cuda_host.build(_HOST_ATTN + (_HOST_DECODE if decode else "") + (texts[prep] if prep else "") + text + main,
+                          tmp_path)
     outs, skips = [], []
     for vec in vecs:
         params[-1] = int(vec)
@@ -388,6 +409,8 @@ def _attention_on_host(fn, arrays, kind, vecs, tmp_path, kv_dtype="float32", win
         r = subprocess.run([str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")], check=True,
                            capture_output=True, text=True)
         outs.append(np.fromfile(tmp_path / "out.bin", np.float32))
+        if decode:
+            continue
         # thread 0 computes DH products per tile (8 D/16 for the scores, 4 D/8 for the values): the tiles skipped
         dh = int(re.search(r"Ks\)?\[(?:64\]\[)?(\d+)\]", text)[1]) - 8
         skips.append(grid[0] * grid[1] * -(-T // 64) - int(r.stdout) // dh)
@@ -560,6 +583,31 @@ def test_flash_mma_16bit_cache_on_the_host(case, kv_dtype, tmp_path):
     for vec, got in zip(vecs, outs):
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=2e-2, atol=2e-2, err_msg=f"vec={vec}")
     assert skips == [{"causal": 3, "middle": 3}.get(case, 0)] * len(vecs), skips
+
+
+@pytest.mark.parametrize("case,kv_dtype,chunk", [("decode-128", "bfloat16", None), ("decode-128", "bfloat16", 64),
+                                                ("decode-64", "float16", 96), ("decode-2-tokens", "bfloat16", 32),
+                                                ("decode-64", "float32", 64)])
+def test_flash_decode_on_the_host(case, kv_dtype, chunk, tmp_path):
+    """flash-decode on the host, its vector loads and its element loops: one key range, or ranges merged by the
+    tile's last block through its ticket (5 ranges, the last ending inside a tile: keys past it read the range's
+    last key, weighted 0; 32 keys a range: three of a block's four warps without keys), 3 query rows per KV head
+    (a row of the block's 4 computed and never stored), a float32 cache."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    gen = np.random.default_rng(3)
+    data = lambda sh: gen.standard_normal(sh).astype(np.float32)
+    if kv_dtype == "float32":
+        _, arrays = _host_case(case, data)
+        hkv, rep, sq, p, d, _ = KV16_CASES[case]
+        fn, ref = _llama_fn(hkv, rep, sq, p + sq, d), arrays
+    else:
+        fn, arrays, ref = _cache16(kv_dtype, data, case)
+    want = fn(*map(torch.from_numpy, ref)).numpy()
+    outs, _ = _attention_on_host(fn, arrays, "flash-decode", (0, 1), tmp_path, kv_dtype, chunk=chunk)
+    for vec, got in zip((0, 1), outs):
+        np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4 * np.abs(want).max(),
+                                   err_msg=f"vec={vec}")
 
 
 @pytest.mark.parametrize("mode", ["rows", "chunks"])
