@@ -119,14 +119,14 @@ template <class T> T shfl_xor(T v, int o) {
 template <class T> T warp_sum(T v) { for (int o = 16; o > 0; o >>= 1) v += shfl_xor(v, o); return v; }
 template <class T> T warp_max(T v) { for (int o = 16; o > 0; o >>= 1) v = std::max(v, shfl_xor(v, o)); return v; }
 // mma.sync.m16n8k16.row.col with float32 accumulators (16-bit operands given as bfloat16 bits): the warp's
-// fragments gathered through shared arrays, each thread then computing its 4 outputs.
+// fragments gathered through shared arrays (behind the warp's barrier), each thread then computing its 4 outputs.
 static unsigned FA[1024][4], FB[1024][2];
 inline float lo16(unsigned r) { return bits_f32(r << 16); }
 inline float hi16(unsigned r) { return bits_f32(r & 0xffff0000u); }
 inline void mma_host(float* c, const unsigned* a, const unsigned* b) {
   int t = threadIdx.x, w = t / 32 * 32, g = (t % 32) >> 2, q = (t & 3) * 2;
   std::memcpy(FA[t], a, 16); std::memcpy(FB[t], b, 8);
-  __syncthreads();
+  wbar[t / 32].wait();
   float A[16][16], B[16][8];
   for (int l = 0; l < 32; ++l) {
     int gl = l >> 2, ql = (l & 3) * 2;
@@ -139,7 +139,7 @@ inline void mma_host(float* c, const unsigned* a, const unsigned* b) {
     c[0] += A[g][k] * B[k][q]; c[1] += A[g][k] * B[k][q + 1];
     c[2] += A[g + 8][k] * B[k][q]; c[3] += A[g + 8][k] * B[k][q + 1];
   }
-  __syncthreads();
+  wbar[t / 32].wait();
 }
 // A grid of blocks run one after another, each as `threads` host threads.
 template <class F> void launch(unsigned gx, unsigned gy, unsigned gz, int threads, F f) {

@@ -699,6 +699,14 @@ struct Tiles {
 // FlashWgmma's ring: stages of a K and a V tile (64 keys x 128 16-bit values each).
 constexpr int kFlashWgmmaStages = 4;
 // The text the two tensor-core attention kernels share (Generator::flash_text).
+// The attention kernels' tensor-core product C += A B (mma.sync m16n8k16, 16-bit operands of type `ct`, float32
+// accumulators): C a float[4], A an unsigned[4], B0 and B1 in scope.
+std::string mma_16816(const std::string& ct) {
+  return "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
+         ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
+         "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+}
+
 struct FlashText {
   std::string mma, rows, qf, at, store;
   std::vector<std::string> idx;
@@ -2374,26 +2382,173 @@ void Generator::attention_step(Step& st, const Node& n) {
       bool kvec = Dc % 8 == 0 && (ks == DType::F32 || kv16);
       bool vvec = (CPL == 1 || CPL == 2 || CPL == 4) && Nc % CPL == 0 && (vs == DType::F32 || kv16);
       std::string RWs = std::to_string(RW), CP = std::to_string(CPL), DC = std::to_string(Dc);
-      std::string NC = std::to_string(32 * CPL), DQ = std::to_string((Dc + 3) / 4 * 4);
+      std::string DQ = std::to_string((Dc + 3) / 4 * 4);
       std::string QN = std::to_string((RW * Dc + 127) / 128), RD = std::to_string(RW * Dc);
       std::string ksr = kv.stride(Rq - 2), vsr = v.stride(Rv - 1);  // (a key's and a value row's strides)
-      Text f;
       std::vector<std::string> dargs = args;
       dargs.push_back("tk");  // the tickets: per tile of rows, how many of its key ranges are done (see below)
-      f << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(dargs) << " {\n"
-        << "  __shared__ __align__(16) float Qs[" << RWs << "][" << DQ << "];\n"
-        << "  __shared__ __align__(16) float Ps[4][" << RWs << "][32];\n"
-        << "  __shared__ float Ms[4][" << RWs << "], Ls[4][" << RWs << "], As[4][" << RWs << "][" << NC << "];\n"
-        << "  __shared__ bool last_;\n"
-        << aliases << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4)
-        << ", chunk = " << P(5) << ";\n"
-        << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;\n"
-        << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
-        << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+      // Both decode kernels' start (`shared`: their shared arrays; Ms, Ls and As hold the warps' partial rows, As
+      // `nc` columns a row) and end (decode_tail).
+      auto decode_head = [&](const std::string& shared, int nc) {
+        Text h;
+        h << "extern \"C\" __global__ __launch_bounds__(128) void NAME" << params(dargs) << " {\n" << shared
+          << "  __shared__ float Ms[4][" << RWs << "], Ls[4][" << RWs << "], As[4][" << RWs << "][" << nc << "];\n"
+          << "  __shared__ bool last_;\n"
+          << aliases << "  i64 T = p[2], N = " << P(1) << ", Tq = " << P(2) << ", B = " << P(3) << ", nsplit = " << P(4)
+          << ", chunk = " << P(5) << ";\n"
+          << "  int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;\n"
+          << "  const float c_ = " << lit(sm->c, true) << ", ninf = -__int_as_float(0x7f800000);\n"
+          << "  i64 jlo = (i64)blockIdx.z * chunk, jhi = min(T, jlo + chunk);\n"
+          << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
+          << "    i64 t0 = (i64)blockIdx.x * " << RWs << ", rb_ = b * Tq + t0, qb, kb, vb;\n"
+          << qk_bases("rb_") << v_base("rb_") << "    __syncthreads();\n";
+        return h.str();
+      };
+      auto decode_tail = [&](int nc) {
+        std::string NCs = std::to_string(nc), cells = std::to_string(RW * nc);
+        Text t;
+        // The warps' partial rows merged (rescaled to their common max): the normalised rows, or this key range's
+        // partial result for the combine.
+        t << "    __syncthreads();\n    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n"
+          << "    for (int x = tid; x < " << cells << "; x += 128) {\n"
+          << "      int r = x / " << NCs << ", c = x % " << NCs << ";\n"
+          << "      if (c >= N || t0 + r >= Tq) continue;\n"
+          << "      float M = op_max(op_max(Ms[0][r], Ms[1][r]), op_max(Ms[2][r], Ms[3][r])), mu = M == ninf ? 0.0f : M;\n"
+          << "      float L = 0.0f, a = 0.0f;\n#pragma unroll\n      for (int u = 0; u < 4; ++u) {\n"
+          << "        float sc = op_exp2((Ms[u][r] - mu) * c_);\n        L += Ls[u][r] * sc;\n        a += As[u][r][c] * sc;\n"
+          << "      }\n      i64 row = rb_ + r;\n"
+          << "      if (nsplit == 1) o_[row * N + c] = a * (1.0f / L);\n"
+          << "      else {\n        float* part = w_ + (row * nsplit + blockIdx.z) * (N + 2);\n"
+          << "        if (c == 0) { part[0] = M; part[1] = L; }\n        part[2 + c] = a;\n      }\n    }\n";
+        // Split keys: the tile's last range to finish (its ticket, counted after the block's partial rows are
+        // visible device-wide) merges every range's rows (as combine_fn does) and sets the ticket back to 0 for the
+        // next launch, so that no combine kernel follows (a launch and a wait per layer in a decode step). Without
+        // tickets (null: LUMINAL_CUDA_DECODE_TICKETS=0) combine_fn merges them.
+        t << "    if (nsplit > 1 && tk) {\n      __threadfence();\n      __syncthreads();\n"
+          << "      if (tid == 0) {\n        unsigned* t_ = (unsigned*)tk + b * gridDim.x + blockIdx.x;\n"
+          << "        last_ = atomicAdd(t_, 1u) == (unsigned)(nsplit - 1);\n        if (last_) *t_ = 0u;\n      }\n"
+          << "      __syncthreads();\n      if (last_) {\n        __threadfence();\n"
+          << "        for (int x = tid; x < " << cells << "; x += 128) {\n"
+          << "          int r = x / " << NCs << ", c = x % " << NCs << ";\n"
+          << "          if (c >= N || t0 + r >= Tq) continue;\n"
+          << "          i64 row = rb_ + r;\n          const float* wr = w_ + row * nsplit * (N + 2);\n"
+          << merge_ranges("wr", "c", "__ldcg", "          ")  // (L2: other blocks wrote them)
+          << "          o_[row * N + c] = a * (1.0f / L);\n        }\n      }\n    }\n  }\n}\n";
+        return t.str();
+      };
+      // On tensor cores, where k and v are 16-bit in the compute dtype and the head sizes allow (FlashDecodeMma; the
+      // runtime takes it for 16-byte aligned rows): per 32-key tile a warp computes S^T = K Q^T (keys as the
+      // products' rows, query rows as their 8 columns, 4 of them used) and O^T += V^T P^T (v's columns as rows).
+      // The sums run over head dims and keys, so each lane's fragments may take them in any order both operands
+      // share: lane (g, q4) holds, of key rows g + 8h, the head dims q4 * DL.. (DL = Dc / 4: 16-byte loads), as
+      // k-step s's pairs 4s, 4s + 1 and 4s + 2, 4s + 3; and, of value rows 2q4, 2q4 + 1, 2q4 + 8, 2q4 + 9 of each 16
+      // keys, the columns g * CW.. (CW = Nc / 8), as m-tile t's columns g * CW + 2t, + 1 (byte permutes pair two
+      // keys' values). q's fragments stay in registers; P goes through shared memory (the products' layouts
+      // differ). q and P are rounded to the compute dtype, as in the prefill kernels.
+      if ((compute_ == DType::BF16 || compute_ == DType::F16) && ks == compute_ && vs == compute_ && Dc % 32 == 0 &&
+          Nc % 64 == 0) {
+        const int DL = Dc / 4, DS = Dc / 16, CW = Nc / 8, NM = Nc / 16;
+        std::string ct = compute_ == DType::BF16 ? "bf16" : "f16", tname = dtype_name(compute_);
+        std::string cv = compute_ == DType::BF16 ? "f32_bf16" : "f32_f16";
+        std::string sDL = std::to_string(DL), sDS = std::to_string(DS), sCW = std::to_string(CW), sNM = std::to_string(NM);
+        std::string mma = mma_16816(ct), qs = q.stride(Rq - 1);
+        Text m;
+        m << decode_head("  __shared__ __align__(16) u16 Pt[4][8][40];\n", Nc)
+          << "    int g = lane >> 2, q4 = lane & 3;\n"
+          // q's fragments: row g (the products' column; past RW or Tq: zeros), head dims q4 * DL..
+          << "    unsigned bq[" << sDS << "][2];\n    {\n    float qv[" << sDL << "];\n#pragma unroll\n"
+          << "    for (int d = 0; d < " << sDL << "; ++d) qv[d] = 0.0f;\n"
+          << "    if (g < " << RWs << " && t0 + g < Tq) {\n      i64 row = rb_ + g;\n" << unravel(st.views[0], 0, Rq - 2, "row", "a")
+          << "      i64 qr_ = " << view_base(q, "a", Rq - 2) << " + (i64)(q4 * " << sDL << ") * " << qs << ";\n#pragma unroll\n"
+          << "      for (int d = 0; d < " << sDL << "; ++d) qv[d] = " << ld(0) << "qr_ + d * " << qs << ");\n    }\n"
+          << "#pragma unroll\n    for (int s = 0; s < " << sDS << "; ++s) {\n      bq[s][0] = pack_" << tname
+          << "(qv[4 * s], qv[4 * s + 1]);\n      bq[s][1] = pack_" << tname << "(qv[4 * s + 2], qv[4 * s + 3]);\n    }\n    }\n";
+        // The lane's two rows, 2q4 and 2q4 + 1: their indices into the program's inputs (past RW or Tq: 0s).
+        for (int e = 0; e < 2 && Rp > 1; ++e) {
+          std::string E = std::to_string(e);
+          for (int d = 0; d + 1 < Rp; ++d) m << "    i64 y" << E << "_" << d << " = 0;\n";
+          m << "    if (2 * q4 + " << E << " < " << RWs << " && t0 + 2 * q4 + " << E << " < Tq) {\n"
+            << unravel(st.views[3], 0, Rp - 1, "rb_ + 2 * q4 + " + E, "u");
+          for (int d = 0; d + 1 < Rp; ++d) m << "    y" << E << "_" << d << " = u" << d << ";\n";
+          m << "    }\n";
+        }
+        m << "    float m_[2] = {ninf, ninf}, l_[2] = {0.0f, 0.0f}, acc_[" << sNM << "][4];\n#pragma unroll\n"
+          << "    for (int t = 0; t < " << sNM << "; ++t) acc_[t][0] = acc_[t][1] = acc_[t][2] = acc_[t][3] = 0.0f;\n"
+          << "    for (i64 j0 = jlo + w * 32; j0 < jhi; j0 += 128) {\n"
+          // (keys past the range: the range's last, weighted 0)
+          << "      unsigned kw[4][" << DL / 2 << "], vw[2][4][" << NM << "];\n#pragma unroll\n      for (int h = 0; h < 4; ++h) {\n"
+          << "        const u16* kp = (const u16*)e1 + kb + min(j0 + g + 8 * h, jhi - 1) * " << ksr << " + q4 * " << sDL << ";\n"
+          << "#pragma unroll\n        for (int c = 0; c < " << DL / 8 << "; ++c) {\n          uint4 t_ = *(const uint4*)(kp + c * 8);\n"
+          << "          kw[h][4 * c] = t_.x; kw[h][4 * c + 1] = t_.y;\n"
+          << "          kw[h][4 * c + 2] = t_.z; kw[h][4 * c + 3] = t_.w;\n        }\n      }\n"
+          << "#pragma unroll\n      for (int ks = 0; ks < 2; ++ks)\n#pragma unroll\n        for (int kk = 0; kk < 4; ++kk) {\n"
+          << "          const u16* vp = (const u16*)e2 + vb + min(j0 + 16 * ks + 2 * q4 + (kk & 1) + 8 * (kk >> 1), jhi - 1) * "
+          << vsr << " + g * " << sCW << ";\n#pragma unroll\n"
+          << "          for (int c = 0; c < " << CW / 8 << "; ++c) {\n            uint4 t_ = *(const uint4*)(vp + c * 8);\n"
+          << "            vw[ks][kk][4 * c] = t_.x; vw[ks][kk][4 * c + 1] = t_.y; vw[ks][kk][4 * c + 2] = t_.z; "
+             "vw[ks][kk][4 * c + 3] = t_.w;\n          }\n        }\n"
+          // S^T: keys 16mt + g (+8) against the rows
+          << "      float sc[2][4];\n#pragma unroll\n      for (int mt = 0; mt < 2; ++mt) {\n"
+          << "        sc[mt][0] = sc[mt][1] = sc[mt][2] = sc[mt][3] = 0.0f;\n#pragma unroll\n"
+          << "        for (int s = 0; s < " << sDS << "; ++s) {\n          float* C = sc[mt];\n"
+          << "          unsigned A[4] = {kw[2 * mt][2 * s], kw[2 * mt + 1][2 * s],\n"
+          << "                           kw[2 * mt][2 * s + 1], kw[2 * mt + 1][2 * s + 1]};\n"
+          << "          unsigned B0 = bq[s][0], B1 = bq[s][1];\n          " << mma << "\n        }\n      }\n"
+          << "      float x_[2][2][2];\n";
+        // The program at each of the lane's scores: key 16mt + g + 8hh, row 2q4 + e (C[2hh + e]).
+        for (int mt = 0; mt < 2; ++mt)
+          for (int hh = 0; hh < 2; ++hh)
+            for (int e = 0; e < 2; ++e) {
+              std::string key = "j0 + " + std::to_string(16 * mt + 8 * hh) + " + g";
+              std::vector<std::string> idx;
+              m << "      {\n";
+              for (int d = 0; d + 1 < Rp; ++d) {
+                m << "      i64 i" << d << " = y" << e << "_" << d << ";\n";
+                idx.push_back("i" + std::to_string(d));
+              }
+              m << "      i64 " << jn << " = min(" << key << ", jhi - 1);\n";
+              idx.push_back(jn);
+              m << body_of(idx, prog.needed_for(size_t(sm->x)), size_t(-1),
+                           "sc[" + std::to_string(mt) + "][" + std::to_string(2 * hh + e) + "]")
+                << "      x_[" << mt << "][" << hh << "][" << e << "] = " << key << " < jhi ? (float)r" << sm->x
+                << " : ninf;\n      }\n";
+            }
+        // Each row's online softmax over the tile (its 32 keys: the lane's 4 and lane bits 2-4), P to Pt.
+        m << "      float al_[2];\n#pragma unroll\n      for (int e = 0; e < 2; ++e) {\n"
+          << "        float mx = op_max(op_max(x_[0][0][e], x_[0][1][e]), op_max(x_[1][0][e], x_[1][1][e]));\n"
+          << "#pragma unroll\n        for (int o = 4; o < 32; o <<= 1) mx = op_max(mx, __shfl_xor_sync(0xffffffffu, mx, o));\n"
+          << "        float mn = op_max(m_[e], mx), mu = mn == ninf ? 0.0f : mn, sum = 0.0f;\n"
+          << "        al_[e] = op_exp2((m_[e] - mu) * c_);\n#pragma unroll\n        for (int mt = 0; mt < 2; ++mt)\n#pragma unroll\n"
+          << "          for (int hh = 0; hh < 2; ++hh) {\n            float pe = op_exp2((x_[mt][hh][e] - mu) * c_);\n"
+          << "            sum += pe;\n            Pt[w][2 * q4 + e][16 * mt + 8 * hh + g] = " << cv << "(pe);\n          }\n"
+          << "#pragma unroll\n        for (int o = 4; o < 32; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);\n"
+          << "        l_[e] = l_[e] * al_[e] + sum;\n        m_[e] = mn;\n      }\n#pragma unroll\n"
+          << "      for (int t = 0; t < " << sNM << "; ++t) {\n        acc_[t][0] *= al_[0]; acc_[t][1] *= al_[1];\n"
+          << "        acc_[t][2] *= al_[0]; acc_[t][3] *= al_[1];\n      }\n      __syncwarp();\n"
+          // O^T += V^T P^T over the tile's two 16-key steps
+          << "#pragma unroll\n      for (int ks = 0; ks < 2; ++ks) {\n"
+          << "        unsigned B0 = *(const unsigned*)&Pt[w][g][16 * ks + 2 * q4],\n"
+          << "                 B1 = *(const unsigned*)&Pt[w][g][16 * ks + 2 * q4 + 8];\n"
+          << "#pragma unroll\n        for (int t = 0; t < " << sNM << "; ++t) {\n          float* C = acc_[t];\n"
+          << "          unsigned A[4] = {__byte_perm(vw[ks][0][t], vw[ks][1][t], 0x5410u),\n"
+          << "                           __byte_perm(vw[ks][0][t], vw[ks][1][t], 0x7632u),\n"
+          << "                           __byte_perm(vw[ks][2][t], vw[ks][3][t], 0x5410u),\n"
+          << "                           __byte_perm(vw[ks][2][t], vw[ks][3][t], 0x7632u)};\n"
+          << "          " << mma << "\n        }\n      }\n      __syncwarp();\n    }\n"
+          // the lanes holding rows 2q4, 2q4 + 1 < RW: their partial rows
+          << "    if (2 * q4 < " << RWs << ") {\n      if (g == 0) {\n"
+          << "        Ms[w][2 * q4] = m_[0]; Ms[w][2 * q4 + 1] = m_[1]; Ls[w][2 * q4] = l_[0]; Ls[w][2 * q4 + 1] = l_[1];\n      }\n"
+          << "#pragma unroll\n      for (int t = 0; t < " << sNM << "; ++t) {\n"
+          << "        int c = g * " << sCW << " + 2 * t;\n"
+          << "        As[w][2 * q4][c] = acc_[t][0]; As[w][2 * q4 + 1][c] = acc_[t][1];\n"
+          << "        As[w][2 * q4][c + 1] = acc_[t][2]; As[w][2 * q4 + 1][c + 1] = acc_[t][3];\n      }\n    }\n"
+          << decode_tail(Nc);
+        st.variants.push_back({Variant::FlashDecodeMma, add_kernel(m.str())});
+      }
+      Text f;
+      f << decode_head("  __shared__ __align__(16) float Qs[" + RWs + "][" + DQ + "];\n  __shared__ __align__(16) float Ps[4][" +
+                           RWs + "][32];\n", 32 * CPL)
         << "  bool vk = " << (kvec ? P(6) : "0") << " != 0, vv_ = " << (vvec ? P(6) : "0") << " != 0;\n"
-        << "  for (i64 b = blockIdx.y; b < B; b += gridDim.y) {\n"
-        << "    i64 t0 = (i64)blockIdx.x * " << RWs << ", rb_ = b * Tq + t0, qb, kb, vb;\n"
-        << qk_bases("rb_") << v_base("rb_") << "    __syncthreads();\n"
         // q's rows: a thread's loads all issued, then stored
         << "    {\n    float qv_[" << QN << "];\n#pragma unroll\n    for (int u = 0; u < " << QN << "; ++u) {\n"
         << "      int x = tid + u * 128, rr = x / " << DC << ", d = x % " << DC << ";\n      qv_[u] = 0.0f;\n"
@@ -2486,36 +2641,9 @@ void Generator::attention_step(Step& st, const Node& n) {
       f << "#pragma unroll\n        for (int u = 0; u < " << CP << "; ++u) {\n          i64 c = lane * " << CP << " + u;\n"
         << "          vv[u] = c < N ? " << ld(2) << "vb + c * " << v.stride(Rv - 2) << " + jv * " << vsr << ") : 0.0f;\n"
         << "        }\n" << accumulate("Ps[w][r][jj]", "        ") << "      }\n      __syncwarp();\n    }\n";
-      // The warps' partial rows merged (rescaled to their common max): the normalised rows, or this key range's
-      // partial result for the combine.
       f << "    if (lane == 0) {\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) { Ms[w][r] = m_[r]; Ls[w][r] = l_[r]; }\n    }\n"
         << "#pragma unroll\n    for (int r = 0; r < " << RWs << "; ++r)\n#pragma unroll\n      for (int u = 0; u < " << CP
-        << "; ++u) As[w][r][lane * " << CP << " + u] = acc_[r][u];\n";
-      f << "    __syncthreads();\n    float* o_ = (float*)out;\n    float* w_ = (float*)ws;\n"
-        << "    for (int x = tid; x < " << RW * 32 * CPL << "; x += 128) {\n"
-        << "      int r = x / " << NC << ", c = x % " << NC << ";\n"
-        << "      if (c >= N || t0 + r >= Tq) continue;\n"
-        << "      float M = op_max(op_max(Ms[0][r], Ms[1][r]), op_max(Ms[2][r], Ms[3][r])), mu = M == ninf ? 0.0f : M;\n"
-        << "      float L = 0.0f, a = 0.0f;\n#pragma unroll\n      for (int u = 0; u < 4; ++u) {\n"
-        << "        float sc = op_exp2((Ms[u][r] - mu) * c_);\n        L += Ls[u][r] * sc;\n        a += As[u][r][c] * sc;\n"
-        << "      }\n      i64 row = rb_ + r;\n"
-        << "      if (nsplit == 1) o_[row * N + c] = a * (1.0f / L);\n"
-        << "      else {\n        float* part = w_ + (row * nsplit + blockIdx.z) * (N + 2);\n"
-        << "        if (c == 0) { part[0] = M; part[1] = L; }\n        part[2 + c] = a;\n      }\n    }\n";
-      // Split keys: the tile's last range to finish (its ticket, counted after the block's partial rows are visible
-      // device-wide) merges every range's rows (as combine_fn does) and sets the ticket back to 0 for the next
-      // launch, so that no combine kernel follows (a launch and a wait per layer in a decode step). Without tickets
-      // (null: LUMINAL_CUDA_DECODE_TICKETS=0) combine_fn merges them.
-      f << "    if (nsplit > 1 && tk) {\n      __threadfence();\n      __syncthreads();\n"
-        << "      if (tid == 0) {\n        unsigned* t_ = (unsigned*)tk + b * gridDim.x + blockIdx.x;\n"
-        << "        last_ = atomicAdd(t_, 1u) == (unsigned)(nsplit - 1);\n        if (last_) *t_ = 0u;\n      }\n"
-        << "      __syncthreads();\n      if (last_) {\n        __threadfence();\n"
-        << "        for (int x = tid; x < " << RW * 32 * CPL << "; x += 128) {\n"
-        << "          int r = x / " << NC << ", c = x % " << NC << ";\n"
-        << "          if (c >= N || t0 + r >= Tq) continue;\n"
-        << "          i64 row = rb_ + r;\n          const float* wr = w_ + row * nsplit * (N + 2);\n"
-        << merge_ranges("wr", "c", "__ldcg", "          ")  // (L2: other blocks wrote them)
-        << "          o_[row * N + c] = a * (1.0f / L);\n        }\n      }\n    }\n  }\n}\n";
+        << "; ++u) As[w][r][lane * " << CP << " + u] = acc_[r][u];\n" << decode_tail(32 * CPL);
       st.variants.push_back({Variant::FlashDecode, add_kernel(f.str())});
     }
   }
@@ -2650,9 +2778,7 @@ FlashText Generator::flash_text(const Step& st, const Node& n, int DH,
   std::string D16 = std::to_string(DH / 16), D8 = std::to_string(DH / 8);
   std::string ld0 = edge_load(n, 0);
   FlashText t;
-  t.mma = "asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32." + ct + "." + ct +
-          ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
-          "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
+  t.mma = mma_16816(ct);
   Text r;
   for (int h = 0; h < 2; ++h) {
     std::string H = std::to_string(h);
@@ -3780,7 +3906,7 @@ const char* variant_name(Variant::Kind k) {
   static const char* names[] = {"elements", "warps", "block", "gemv", "tiled", "mma", "flash", "attention", "flash-mma",
                                 "gemm128", "gemm64", "flash-decode", "implicit-gemm",
                                 "implicit-mma", "cublas", "qgemv", "qmma", "qdot", "flash-mma-skip", "qrows",
-                                "wgmma128", "wgmma256", "flash-wgmma"};
+                                "wgmma128", "wgmma256", "flash-wgmma", "flash-decode-mma"};
   return names[k];
 }
 

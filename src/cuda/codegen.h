@@ -83,6 +83,9 @@ struct Variant {
     FlashWgmma,    // prefill attention on Hopper's warpgroup products (flash_tiles, sm_90): 128 query rows per block
                    // of two warpgroups, K and V in the compute dtype staged as the descriptors' swizzled tiles;
                    // otherwise as FlashMmaSkip. LUMINAL_CUDA_FLASH_WGMMA=0: FlashMmaSkip instead
+    FlashDecodeMma,  // FlashDecode on tensor cores (mma.sync): a 16-bit KV cache in the compute dtype, 16-byte
+                     // aligned rows, head sizes of 32s (q) and 64s (v); otherwise FlashDecode.
+                     // LUMINAL_CUDA_FLASH_DECODE_MMA=0: FlashDecode instead
   } kind;
   std::string fn;
   int smem = 0;  // dynamic shared memory, bytes (the Gemm kernels)
@@ -99,6 +102,8 @@ struct GemmShape {
 inline bool is_wgmma(Variant::Kind k) { return k == Variant::Wgmma128 || k == Variant::Wgmma256; }
 // The prefill attention kernels flash_tiles prints (a loaded mask summarised first, 16-byte staging)
 inline bool is_flash_tiles(Variant::Kind k) { return k == Variant::FlashMmaSkip || k == Variant::FlashWgmma; }
+// The decode attention kernels (4 query rows per block, key ranges merged through the tickets)
+inline bool is_flash_decode(Variant::Kind k) { return k == Variant::FlashDecode || k == Variant::FlashDecodeMma; }
 GemmShape gemm_shape(Variant::Kind k, bool f32);
 
 // The kernels printed for one step of the core schedule: the parameter slice they read and the variants.

@@ -467,16 +467,17 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       return true;
     case Variant::MatVec: return out_n != 0 && rows_aligned(cv[0], cv[1]);
     case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashWgmma:
-    case Variant::FlashDecode: {
+    case Variant::FlashDecode: case Variant::FlashDecodeMma: {
       // q read once per row (broadcast over the keys); a tile of rows shares k and v: consecutive rows along the
       // trailing row axes over which neither moves (the query rows of one head, and the query heads of a KV head).
       const ConcreteView &q = cv[0], &k = cv[1], &vv = cv[2];
       size_t rq = q.shape.size(), rv = vv.shape.size();
       size_t E = L_.extra[i];
       int64_t D = p[E], N = p[E + 1], T = p[2], rows = L_.items[i];
-      int64_t R = v.kind == Variant::Flash ? 16 : v.kind == Variant::FlashDecode ? 4 : v.threads ? v.threads / 2 : 128;
+      int64_t R = v.kind == Variant::Flash ? 16 : is_flash_decode(v.kind) ? 4 : v.threads ? v.threads / 2 : 128;
       // (R: query rows per block; the tensor-core kernels' 16 per warp)
-      if (v.kind == Variant::FlashDecode && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
+      if (is_flash_decode(v.kind) && env_zero("LUMINAL_CUDA_FLASH_DECODE")) return false;  // (comparison)
+      if (v.kind == Variant::FlashDecodeMma && env_zero("LUMINAL_CUDA_FLASH_DECODE_MMA")) return false;
       if (v.kind == Variant::FlashMmaSkip && env_zero("LUMINAL_CUDA_FLASH_MMA_SKIP")) return false;  // (the fallback)
       // (wgmma: an sm_90 device, the module compiled for sm_90a)
       if (v.kind == Variant::FlashWgmma && (!hopper_ || env_zero("LUMINAL_CUDA_FLASH_WGMMA"))) return false;
@@ -494,12 +495,12 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       // The tensor-core tiles for rows enough to fill half of one (prefill); decode's few rows per KV head (its
       // query heads) go to the decode kernel, which holds more loads in flight.
       if ((v.kind == Variant::FlashMma || is_flash_tiles(v.kind)) && Tq < R / 2) return false;
-      if (v.kind == Variant::FlashDecode && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
+      if (is_flash_decode(v.kind) && Tq > 2 * R) return false;  // (more rows: the tiled kernels share k and v)
       int64_t B = rows / Tq, tiles = (Tq + R - 1) / R * B;
       // Key ranges (flash-decoding) when the tiles fill under two waves of the GPU and the keys are many: about
       // four blocks per multiprocessor, at least 128 keys per range.
       int64_t splits = 1, chunk = T;
-      if (v.kind == Variant::FlashDecode) {
+      if (is_flash_decode(v.kind)) {
         // Its warps take 32-key tiles in turn: ranges of 128+ keys, enough of them for about two blocks per
         // multiprocessor, as many as its registers let run at once (short caches too: a block's range is only 4
         // tiles). LUMINAL_CUDA_ATTENTION_CHUNK: keys per range (tests, tuning).
@@ -529,7 +530,8 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
       for (size_t d = 0; d < rv; ++d) vec = vec && (d == rv - 2 || vv.strides[d] % u == 0);
       // LUMINAL_CUDA_KV16_VECTOR=0: a 16-bit cache staged element by element (no cp.async; comparison, fallback)
       if (u == 8 && env_zero("LUMINAL_CUDA_KV16_VECTOR")) vec = false;
-      if (v.kind == Variant::FlashWgmma && !vec) return false;  // (it stages 16-byte copies only)
+      // (16-byte copies or loads only)
+      if ((v.kind == Variant::FlashWgmma || v.kind == Variant::FlashDecodeMma) && !vec) return false;
       p[E + 6] = vec;
       L_.grid[i] = {unsigned((Tq + R - 1) / R), unsigned(std::min<int64_t>(B, 65535)), unsigned(splits)};
       L_.rows_items[i] = splits > 1 ? out_n : 0;  // the combine's elements
@@ -540,7 +542,7 @@ bool Runtime::applies(const Variant& v, const std::vector<ConcreteView>& cv, int
         L_.summary_rows[i] = 1;
         for (size_t d = 0; d + 1 < m.shape.size(); ++d) L_.summary_rows[i] *= m.strides[d] ? m.shape[d] : 1;
       }
-      if (v.kind == Variant::FlashDecode)  // (a ticket per block of the grid's x and its loop over the batches)
+      if (is_flash_decode(v.kind))  // (a ticket per block of the grid's x and its loop over the batches)
         tickets_bytes_ = std::max(tickets_bytes_, size_t((Tq + R - 1) / R * B) * sizeof(unsigned));
       return true;
     }
@@ -1691,13 +1693,13 @@ std::unordered_map<int64_t, DeviceArray> Runtime::run(const std::unordered_map<i
           }
           case Variant::QMatVec: launch(v.fn, id, slot, L_.items[i], false, ptrs, L_.grid[i].data(), 256); break;
           case Variant::Flash: case Variant::FlashMma: case Variant::FlashMmaSkip: case Variant::FlashWgmma:
-          case Variant::AttentionRows: case Variant::FlashDecode: {
+          case Variant::AttentionRows: case Variant::FlashDecode: case Variant::FlashDecodeMma: {
             ptrs.push_back(ws_ ? ws_->ptr : 0);
             // FlashDecode merges its key ranges itself, through the tickets (LUMINAL_CUDA_DECODE_TICKETS=0: none,
             // the combine kernel after it)
-            bool tickets = v.kind == Variant::FlashDecode && tickets_on_;
-            if (v.kind == Variant::FlashDecode) ptrs.push_back(tickets ? tickets_->ptr : 0);
-            unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || v.kind == Variant::FlashDecode ? 128 : 256;
+            bool tickets = is_flash_decode(v.kind) && tickets_on_;
+            if (is_flash_decode(v.kind)) ptrs.push_back(tickets ? tickets_->ptr : 0);
+            unsigned threads = v.threads ? v.threads : v.kind == Variant::Flash || is_flash_decode(v.kind) ? 128 : 256;
             if (is_flash_tiles(v.kind) && L_.summary_rows[i]) {
               ptrs.push_back(summaries_->ptr + L_.summary_off[i]);
               if (L_.prep_items[i]) launch(st.prep_fn, id, slot, L_.prep_items[i], true, ptrs);
