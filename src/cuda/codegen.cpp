@@ -698,7 +698,6 @@ struct Tiles {
 // attention): a running max and sum, rescaled as tiles of keys arrive, so the scores are never kept.
 // FlashWgmma's ring: stages of a K and a V tile (64 keys x 128 16-bit values each).
 constexpr int kFlashWgmmaStages = 4;
-// The text the two tensor-core attention kernels share (Generator::flash_text).
 // The attention kernels' tensor-core product C += A B (mma.sync m16n8k16, 16-bit operands of type `ct`, float32
 // accumulators): C a float[4], A an unsigned[4], B0 and B1 in scope.
 std::string mma_16816(const std::string& ct) {
@@ -706,7 +705,7 @@ std::string mma_16816(const std::string& ct) {
          ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" : \"+f\"(C[0]), \"+f\"(C[1]), "
          "\"+f\"(C[2]), \"+f\"(C[3]) : \"r\"(A[0]), \"r\"(A[1]), \"r\"(A[2]), \"r\"(A[3]), \"r\"(B0), \"r\"(B1));";
 }
-
+// The text the two tensor-core attention kernels share (Generator::flash_text).
 struct FlashText {
   std::string mma, rows, qf, at, store;
   std::vector<std::string> idx;
