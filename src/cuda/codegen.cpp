@@ -812,6 +812,11 @@ class Generator {
       throw std::invalid_argument("LUMINAL_CUDA_ELEMENTS must be 1, 2, 4 or 8, got '" + v + "'");
     return std::stoi(v);
   }
+  // Kernels copy their parameter slice into shared memory first (add_kernel, batch_kernel), before waiting for
+  // the kernels before: the host wrote it before the step began, and latency-bound kernels read parameters one
+  // after another, between branches, where each global load would be a round trip. LUMINAL_CUDA_STAGE_PARAMS=0:
+  // read in place (to compare).
+  bool stage_params_ = env_int("LUMINAL_CUDA_STAGE_PARAMS", 1) != 0;
   Module mod_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
@@ -822,6 +827,7 @@ class Generator {
     int count = 1;
     int per = 1;  // elements per item: the body's t counts groups of `per` (element_loop)
     std::vector<std::string> args;  // the pointers after `out`, as the body names them (Q...: a parameter slice)
+    int slots = 0, q_slots = 0;     // the sizes of the parameter slices p and Q (a batch copies them, batch_kernel)
   };
   std::map<std::string, Loop> loops_;
   std::string loop_kernel(const Loop& l);  // the kernel of one loop (added; returns its name)
@@ -832,8 +838,9 @@ class Generator {
 
   DType storage(int64_t id) const { return mod_.sched.storage[size_t(id)]; }
 
-  // Adds a kernel whose text uses NAME for its function name; returns the name it gets.
-  std::string add_kernel(const std::string& text) {
+  // Adds a kernel whose text uses NAME for its function name; returns the name it gets. With `slots` (the size of
+  // its parameter slice p), the slice is first copied into shared memory (stage_params).
+  std::string add_kernel(const std::string& text, int slots = 0) {
     auto it = bodies_.find(text);
     if (it != bodies_.end()) return it->second;
     std::string name = "k" + std::to_string(bodies_.size());
@@ -843,6 +850,14 @@ class Generator {
     t.replace(at, 4, name);
     size_t body = t.find(") {\n", at);
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
+    const std::string arg = "(const i64* __restrict__ p, ";
+    if (slots > 0 && stage_params_ && t.find("pdl_start();") == std::string::npos && t.compare(at + name.size(), arg.size(), arg) == 0) {
+      t.replace(at + name.size(), arg.size(), "(const i64* __restrict__ pg_, ");
+      body += 3;
+      std::string n = std::to_string(slots);
+      t.insert(body + 4, "  __shared__ i64 ps_[" + n + "];\n  for (int i = threadIdx.x; i < " + n +
+                             "; i += blockDim.x) ps_[i] = pg_[i];\n  __syncthreads();\n  pdl_start();\n  const i64* p = ps_;\n");
+    }
     // first, in every kernel (see the prelude), unless it places it itself (q8_dp4a: L2 prefetches before it)
     if (t.find("pdl_start();") == std::string::npos) t.insert(body + 4, "  pdl_start();\n");
     fns_ += t + "\n";
@@ -987,7 +1002,7 @@ std::string Generator::loop_kernel(const Loop& l) {
   k << "extern \"C\" __global__ void NAME" << params(l.args) << " {\n"
     << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < " << items(l, "p")
     << "; t += (i64)gridDim.x * blockDim.x) {\n" << l.body << "  }\n}\n";
-  std::string name = add_kernel(k.str());
+  std::string name = add_kernel(k.str(), l.slots);
   loops_[name] = l;
   return name;
 }
@@ -1191,14 +1206,16 @@ void Generator::program_step(const luminal::Step& cs, Step& st, const Node& n) {
   for (size_t k = 0; k < n.inputs.size(); ++k) st.views.push_back(slot(n, int(k), cs.perm));
   layout(st);
   if (prog.has_row_reductions()) {
-    st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n))}};
+    st.variants = {{Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n), st.nparams)}};
   } else if (prog.reduce != Op::Input) {  // (a matrix-vector MatMul takes its own kernels for few long rows)
-    if (!cs.matvec) st.variants.push_back({Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n, true))});
-    st.variants.push_back({Variant::Warps, add_kernel(program_kernel(prog, st, n))});
+    if (!cs.matvec)
+      st.variants.push_back({Variant::BlockPerRow, add_kernel(program_kernel(prog, st, n, true), st.nparams)});
+    st.variants.push_back({Variant::Warps, add_kernel(program_kernel(prog, st, n), st.nparams)});
   } else {
     Loop l;
     std::tie(l.body, l.per) = element_loop(prog, st, n);
     l.args = input_names(int(n.inputs.size()));
+    l.slots = st.nparams;
     st.variants = {{Variant::Elements, loop_kernel(l)}};
   }
 }
@@ -1221,7 +1238,7 @@ void Generator::gather_step(Step& st, const Node& n) {
     << dtype_name(n.dtype) << "(out, t, 0.0f); continue; }\n"
     << "    i64 j0 = (i64)row;\n    " << T << " v;\n"
     << load(tv, names("j", 0, Rt), "in0", ts, T, "v") << "    st_" << dtype_name(n.dtype) << "(out, t, v);\n  }\n}\n";
-  st.variants = {{Variant::Elements, add_kernel(k.str())}};
+  st.variants = {{Variant::Elements, add_kernel(k.str(), st.nparams)}};
 }
 
 // `producer`: the element-wise step computing the source (read as stored, by this Scatter only): the row writes
@@ -1238,6 +1255,7 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
   Loop cl;
   std::tie(cl.body, cl.per) = element_loop(*copy, st, n);
   cl.args = input_names(3);
+  cl.slots = st.nparams;
   st.variants = {{Variant::Elements, loop_kernel(cl)}};
   const ViewSlot &dv = st.views[0], &iv = st.views[1], &sv = st.views[2];
   int R = dv.rank, Ri = iv.rank;
@@ -1252,9 +1270,11 @@ void Generator::scatter_step(Step& st, const Node& n, const luminal::Step* produ
     << "    if (!(row >= 0 && row < " << ViewText{dv}.shape(0) << ")) { fail(err, p, 3); continue; }\n";
   Loop rows;
   rows.args = input_names(3);
+  rows.slots = st.nparams;
   const Step* ps = producer ? pk : nullptr;
   const Node* pn = producer ? &g_.node(producer->node) : nullptr;
   if (producer) {
+    rows.q_slots = ps->nparams;
     rows.args.push_back("Q");
     for (size_t q = 0; q < pn->inputs.size(); ++q) rows.args.push_back("J" + std::to_string(q));
   }
@@ -2542,7 +2562,7 @@ void Generator::attention_step(Step& st, const Node& n) {
           << "        As[w][2 * q4][c] = acc_[t][0]; As[w][2 * q4 + 1][c] = acc_[t][1];\n"
           << "        As[w][2 * q4][c + 1] = acc_[t][2]; As[w][2 * q4 + 1][c + 1] = acc_[t][3];\n      }\n    }\n"
           << decode_tail(Nc);
-        st.variants.push_back({Variant::FlashDecodeMma, add_kernel(m.str())});
+        st.variants.push_back({Variant::FlashDecodeMma, add_kernel(m.str(), st.nparams)});
       }
       Text f;
       f << decode_head("  __shared__ __align__(16) float Qs[" + RWs + "][" + DQ + "];\n  __shared__ __align__(16) float Ps[4][" +
@@ -2643,7 +2663,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       f << "    if (lane == 0) {\n#pragma unroll\n      for (int r = 0; r < " << RWs << "; ++r) { Ms[w][r] = m_[r]; Ls[w][r] = l_[r]; }\n    }\n"
         << "#pragma unroll\n    for (int r = 0; r < " << RWs << "; ++r)\n#pragma unroll\n      for (int u = 0; u < " << CP
         << "; ++u) As[w][r][lane * " << CP << " + u] = acc_[r][u];\n" << decode_tail(32 * CPL);
-      st.variants.push_back({Variant::FlashDecode, add_kernel(f.str())});
+      st.variants.push_back({Variant::FlashDecode, add_kernel(f.str(), st.nparams)});
     }
   }
   if (sm && !dbl) {
@@ -2726,7 +2746,7 @@ void Generator::attention_step(Step& st, const Node& n) {
       << "  for (i64 t = blockIdx.x * (i64)blockDim.x + threadIdx.x; t < p[1] * N; t += (i64)gridDim.x * blockDim.x) {\n"
       << "    i64 row = t / N, nn = t % N;\n    const float* w_ = (const float*)ws + row * nsplit * (N + 2);\n"
       << merge_ranges("w_", "nn", "", "    ") << "    ((float*)out)[t] = a * (1.0f / L);\n  }\n}\n";
-    st.combine_fn = add_kernel(c.str());
+    st.combine_fn = add_kernel(c.str(), st.nparams);
   }
 
   // Any program: a block per row.
@@ -3719,30 +3739,50 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
 }
 
 // A batch's kernel: its steps' loops (a fused program, or a Scatter's row writes) one after the other in one
-// grid-stride loop; each part reads its own parameter slice and pointers through shadowed names.
+// grid-stride loop; each part reads its own parameter slice and pointers through shadowed names. The parameter
+// slices are first copied into shared memory, before waiting for the kernels before (pdl_start: the host wrote them
+// before the step began): the parts' branches read parameters one after another, and from shared memory each is
+// a short wait instead of a global load's round trip.
 std::string Generator::batch_kernel(const Group& G) {
   const std::vector<Step>& steps = mod_.steps;
-  Text sig, k, body;
+  Text sig, k, copy, body;
   sig << "extern \"C\" __global__ void NAME(const i64* __restrict__ p_, int* __restrict__ err";
   k << "  i64 total = 0";
+  int at = 0;  // the next free slot of ps_
+  auto stage = [&](const std::string& from, int n) {  // (a thread's slot: one load, whichever slice it is in)
+    if (!stage_params_) return from;
+    copy << (at ? "      : i < " : "    const i64* s_ = i < ") << at + n << " ? " << from << " + (i - " << at << ")\n";
+    std::string to = "ps_ + " + std::to_string(at);
+    at += n;
+    return to;
+  };
   for (size_t j = 0; j < G.batch.size(); ++j) {
     const Step& st = steps[G.batch[j]];
     const Loop& l = loops_.at(st.rows_fn.empty() ? st.fn() : st.rows_fn);
+    if (l.slots <= 0) throw std::logic_error("CUDA codegen: a batched loop without its parameter count");
     std::string J = std::to_string(j);
     sig << ", const i64* __restrict__ P" << J << ", void* __restrict__ O" << J;
-    k << ", n" << J << " = " << items(l, "P" + J);
+    std::string P = stage("P" + J, l.slots);
+    k << ", n" << J << " = " << items(l, "(" + P + ")");
     body << (j ? "    } else if ((t -= n" + std::to_string(j - 1) + ") < n" + J + ") {\n" : "    if (t < n0) {\n")
-         << "    const i64* p = P" << J << "; void* out = O" << J << ";\n";
+         << "    const i64* p = " << P << "; void* out = O" << J << ";\n";
     for (size_t q = 0; q < l.args.size(); ++q) {
       std::string a = "I" + J + "_" + std::to_string(q), type = arg_type(l.args[q]);
       sig << ", " << type << a;
-      body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = " << a << ";\n";
+      bool slice = l.args[q] == "Q";
+      if (slice && l.q_slots <= 0) throw std::logic_error("CUDA codegen: a batched producer without its parameter count");
+      body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = "
+           << (slice ? stage(a, l.q_slots) : a) << ";\n";
     }
     body << l.body;
   }
   k << ";\n  total = n0";
   for (size_t j = 1; j < G.batch.size(); ++j) k << " + n" << int(j);
-  return add_kernel(sig.str() + ") {\n" + k.str() + ";\n" +
+  std::string A = std::to_string(at), staged;
+  if (at)
+    staged = "  __shared__ i64 ps_[" + A + "];\n  for (int i = threadIdx.x; i < " + A + "; i += blockDim.x) {\n" +
+             copy.str() + "      : nullptr;\n    ps_[i] = *s_;\n  }\n  __syncthreads();\n";
+  return add_kernel(sig.str() + ") {\n" + staged + "  pdl_start();\n" + k.str() + ";\n" +
                     "  for (i64 t_ = blockIdx.x * (i64)blockDim.x + threadIdx.x; t_ < total; t_ += (i64)gridDim.x * blockDim.x) {\n"
                     "    i64 t = t_;\n" + body.str() + "    }\n  }\n}\n");
 }
