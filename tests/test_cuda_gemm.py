@@ -75,9 +75,10 @@ def test_float32_activations(rng, dtype):
         cx.execute()
         got = y.numpy().astype(np.float32)
         td = getattr(torch, dtype)
-        # (the CPU's run of the lowering keeps the activations in float32: only the GPU's tensor cores round them)
-        xs = torch.from_numpy(x) * 2
-        want = ((xs.to(td).float() if gpu else xs) @ torch.from_numpy(w).to(td).float().T)
+        # (both round the float32 intermediate to the compute dtype; the CPU's run of the lowering keeps the float32
+        # weights as they were set, the GPU's tensor cores take them rounded too)
+        xs, ws = (torch.from_numpy(x) * 2).to(td).float(), torch.from_numpy(w)
+        want = xs @ (ws.to(td).float() if gpu else ws).T
         want = (want.to(td).float() if out16 else want).numpy()
         np.testing.assert_allclose(got, want, rtol=2e-2, atol=3e-2, err_msg=f"{dtype} {m}x{k}x{n}")
 
