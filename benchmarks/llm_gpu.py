@@ -437,7 +437,7 @@ def run_batches(key, args, bw):
     rng = np.random.default_rng(args.seed)
     capacity = 32 + args.decode + 8
     step = None
-    if not args.no_compile:
+    if not (args.no_compile or args.luminal_only):
         t = time.perf_counter()
         dec = BatchDecoder(hf, c, capacity, max(batches))
         step = torch.compile(dec, mode="reduce-overhead", fullgraph=True, dynamic=False)
