@@ -839,7 +839,8 @@ class Generator {
   DType storage(int64_t id) const { return mod_.sched.storage[size_t(id)]; }
 
   // Adds a kernel whose text uses NAME for its function name; returns the name it gets. With `slots` (the size of
-  // its parameter slice p), the slice is first copied into shared memory (stage_params).
+  // its parameter slice p), the slice is first copied into shared memory (stage_params_), unless the kernel places
+  // pdl_start itself.
   std::string add_kernel(const std::string& text, int slots = 0) {
     auto it = bodies_.find(text);
     if (it != bodies_.end()) return it->second;
@@ -851,12 +852,14 @@ class Generator {
     size_t body = t.find(") {\n", at);
     if (body == std::string::npos) throw std::logic_error("CUDA codegen: a kernel without a body");
     const std::string arg = "(const i64* __restrict__ p, ";
-    if (slots > 0 && stage_params_ && t.find("pdl_start();") == std::string::npos && t.compare(at + name.size(), arg.size(), arg) == 0) {
+    bool placed = t.find("pdl_start();") != std::string::npos;
+    if (slots > 0 && stage_params_ && !placed && t.compare(at + name.size(), arg.size(), arg) == 0) {
       t.replace(at + name.size(), arg.size(), "(const i64* __restrict__ pg_, ");
-      body += 3;
+      body += 3;  // ("pg_" for "p")
       std::string n = std::to_string(slots);
       t.insert(body + 4, "  __shared__ i64 ps_[" + n + "];\n  for (int i = threadIdx.x; i < " + n +
-                             "; i += blockDim.x) ps_[i] = pg_[i];\n  __syncthreads();\n  pdl_start();\n  const i64* p = ps_;\n");
+                             "; i += blockDim.x) ps_[i] = pg_[i];\n  __syncthreads();\n  pdl_start();\n" +
+                             "  const i64* p = ps_;\n");
     }
     // first, in every kernel (see the prelude), unless it places it itself (q8_dp4a: L2 prefetches before it)
     if (t.find("pdl_start();") == std::string::npos) t.insert(body + 4, "  pdl_start();\n");
@@ -3739,10 +3742,8 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
 }
 
 // A batch's kernel: its steps' loops (a fused program, or a Scatter's row writes) one after the other in one
-// grid-stride loop; each part reads its own parameter slice and pointers through shadowed names. The parameter
-// slices are first copied into shared memory, before waiting for the kernels before (pdl_start: the host wrote them
-// before the step began): the parts' branches read parameters one after another, and from shared memory each is
-// a short wait instead of a global load's round trip.
+// grid-stride loop; each part reads its own parameter slice and pointers through shadowed names. The parts' slices
+// and their producers' are first copied into shared memory (stage_params_), one load a thread.
 std::string Generator::batch_kernel(const Group& G) {
   const std::vector<Step>& steps = mod_.steps;
   Text sig, k, copy, body;
