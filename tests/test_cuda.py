@@ -474,6 +474,94 @@ def test_independent_steps_run_as_one_batch(backend, rng):
             assert g._runtime.rt.last_launches() == (1 if donate else 4)
 
 
+
+# (what a batch of element loops and a Scatter's row writes needs beyond cuda_host's prelude)
+_BATCH_HOST = r"""
+inline double ld_int32(const void* b, i64 o) { return ((const int*)b)[o]; }
+template <int N> void ldv_float32(const void* b, i64 o, i64 s, float* x) { for (int e = 0; e < N; ++e) x[e] = ld_float32(b, o + e * s); }
+template <int N> void stv_float32(void* b, i64 o, const float* v) { for (int e = 0; e < N; ++e) st_float32(b, o + e, v[e]); }
+template <class T> T rd_float32(T v) { return (T)(float)v; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float op_exp2(float x) { return std::exp2(x); }
+inline void fail(int* err, const i64* p, int code) { std::lock_guard<std::mutex> l(atomics); if (!*err) *err = int(p[0] * 4 + code); }
+"""
+
+
+@pytest.mark.parametrize("threads", [32, 64])
+def test_batch_kernel_on_the_host(threads, rng, tmp_path):
+    """The batch of test_independent_steps_run_as_one_batch (a Scatter writing rows * 2 + 1 into a cache in place,
+    its source computed by its producer through the producer's own parameter slice, and two element-wise steps)
+    run on the host (cuda_host.py) with the runtime's parameter slices: the kernel first copies the four slices into
+    shared memory (more slots than a block of 32 threads, fewer than one of 64), then every part reads them there.
+    Two blocks, so that the grid-stride loop takes more than one turn; then an index past the cache, whose error
+    names the Scatter's node (read from its staged slice)."""
+    import cuda_host
+
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    g = lm.Graph()
+    cache, rows = g.tensor((9, 6), name="cache"), g.tensor((2, 6), name="rows")
+    idx = g.tensor((2,), lm.int32, name="idx")
+    a, b = g.tensor((5, 3), name="a"), g.tensor((7,), name="b")
+    outs = [cache.index_copy(0, idx, rows * 2 + 1).output(), (a.exp() + 1).output(), (b * 3 - 1).output()]
+    comp = lm.CudaCompiler("float32", device=None)
+    g.compile(lm.GenericCompiler(), comp)
+    gg = g._g
+    ((name, ids),) = comp.schedule.groups()
+    kernel = dict(comp.schedule.kernel_texts)[name]
+    scatter, ea, eb = ids
+    assert [gg.node(i).op for i in ids] == ["Scatter", "Custom", "Custom"]
+    assert "__shared__ i64 ps_[58];" in kernel  # (25 + 12 slots: the Scatter's and its producer's; 12, 9)
+    producer = gg.node(scatter).inputs[2].node
+    arrays = {k: rng.data(shape).astype(np.float32) for k, shape in
+              (("cache", (9, 6)), ("rows", (2, 6)), ("a", (5, 3)), ("b", (7,)))}
+    sizes = {gg.node(t._edge().node).name: a.size for t, a in ((cache, arrays["cache"]), (rows, arrays["rows"]),
+                                                              (a, arrays["a"]), (b, arrays["b"]))}
+    sizes["idx"] = 2
+
+    def slice_of(nid, header):
+        p = [nid] + header
+        for e in gg.node(nid).inputs:
+            src = gg.node(e.node)
+            size = sizes.get(src.name) or int(np.prod([int(d) for d in src.shape]))
+            p += cuda_host.view_slots(e.view.offset, size, e.view.shape, e.view.strides)
+        return p
+
+    slices = [slice_of(scatter, [54, 2 * 6, 6]), slice_of(producer, [12, 0, 0]), slice_of(ea, [15, 0, 0]),
+              slice_of(eb, [7, 0, 0])]
+    assert [len(s) for s in slices] == [25, 12, 12, 9]
+    main = f"""
+int main(int argc, char** argv) {{
+  std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, s)) + "}" for s in slices)}}};
+  std::vector<char> cache = load("cache.bin"), rows = load("rows.bin"), a = load("a.bin"), b = load("b.bin");
+  int idx[2] = {{std::atoi(argv[1]), std::atoi(argv[2])}};
+  std::vector<float> ya(15, 12345.0f), yb(7, 12345.0f);
+  int err = 0;
+  launch(2, 1, 1, {threads}, [&] {{ {name}(P[0].data(), &err, P[0].data(), cache.data(), cache.data(), idx, nullptr,
+      P[1].data(), rows.data(), P[2].data(), ya.data(), a.data(), P[3].data(), yb.data(), b.data()); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  std::fwrite(cache.data(), 1, cache.size(), f);
+  std::fwrite(ya.data(), 4, ya.size(), f);
+  std::fwrite(yb.data(), 4, yb.size(), f);
+  std::fclose(f);
+  std::printf("err %d\\n", err);
+}}
+"""
+    exe = cuda_host.build(_BATCH_HOST + kernel + main, tmp_path)
+    for k, v in arrays.items():
+        (tmp_path / f"{k}.bin").write_bytes(v.tobytes())
+    for slots, err in (([7, 2], 0), ([4, 9], scatter * 4 + 3)):
+        r = subprocess.run([str(exe), *map(str, slots)], cwd=tmp_path, capture_output=True, text=True, check=True)
+        assert r.stdout.split() == ["err", str(err)], r.stdout
+        got = np.fromfile(tmp_path / "out.bin", np.float32)
+        want = arrays["cache"].copy()
+        for row, s in enumerate(slots):
+            if s < 9:
+                want[s] = arrays["rows"][row] * np.float32(2) + np.float32(1)
+        np.testing.assert_array_equal(got[:54].reshape(9, 6), want)
+        np.testing.assert_allclose(got[54:69], np.exp(arrays["a"].astype(np.float64)).ravel() + 1, rtol=1e-5)
+        np.testing.assert_allclose(got[69:], arrays["b"] * 3.0 - 1, rtol=1e-5, atol=1e-6)
+
 def test_a_copy_that_is_the_identity_is_skipped(backend, rng):
     """Heads put back in token order (a transpose, then a reshape: a copy) are the identity for one token: the GPU
     then skips the copy and reads its input's buffer; for two tokens it runs. Both against numpy, as the dims move
