@@ -4,12 +4,15 @@ labelled with the steps that launch it. Where `--profile` of llm_gpu.py says how
 this says whether a kernel is bound by memory, by instructions or by neither (latency).
 
     PYTHONPATH=python python3 benchmarks/kernel_profile.py [--mode prefill|decode] [--tokens 2048] [--layers 1]
-        [--model 8b|8b-q8|135m] [--cache-dtype bfloat16] [--stalls]
+        [--model 8b|8b-q8|135m] [--cache-dtype bfloat16] [--stalls] [--warm] [--sass KERNEL]
 
 It starts `ncu --profile-from-start off --clock-control none` on itself (the child builds the shape with random
 weights, warms up, and brackets one step with cudaProfilerStart/Stop), then prints a row per launch in order and
 the sum of the durations. ncu replays each kernel for its counters: the durations are each kernel alone, without
-the overlap of programmatic dependent launch.
+the overlap of programmatic dependent launch. By default ncu flushes the caches before each kernel, so a small
+kernel's parameter and input loads all miss; `--warm` keeps them, as a step's kernels find them. `--sass KERNEL`
+(a name from the table, e.g. k64) samples that kernel's warps instead (ncu's full set, the shortest sampling
+interval) and prints where they wait: the samples by stall reason, then the instructions with the most samples.
 """
 from __future__ import annotations
 
@@ -87,6 +90,61 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_source(text: str) -> dict[str, list[dict]]:
+    """ncu's `--page source --print-source sass --csv` -> per kernel, its instructions in order: the SASS text,
+    its warp samples, how often it ran, and its samples by stall reason (the ones not issued left out); a kernel
+    launched more than once, its launches' counts added."""
+    kernels: dict[str, list[dict]] = {}
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith('"Kernel Name"'):
+            continue
+        name = next(csv.reader([line]))[1]
+        block = []
+        for row in lines[i + 1:]:
+            if row.startswith('"Kernel Name"'):
+                break
+            block.append(row)
+        rows = list(csv.reader(block))
+        head, out = rows[0], []
+        num = lambda r, c: float(r[head.index(c)].replace(",", "") or 0) if c in head else 0.0
+        reasons = [c for c in head if c.startswith("stall_") and not c.endswith("(Not Issued)")]
+        for r in rows[1:]:
+            if len(r) != len(head):
+                continue
+            out.append({"sass": r[head.index("Source")].strip(), "samples": num(r, "Warp Stall Sampling (All Samples)"),
+                        "executed": num(r, "Instructions Executed"),
+                        "stalls": {c[len("stall_"):]: num(r, c) for c in reasons if num(r, c)}})
+        if name in kernels and len(kernels[name]) == len(out):
+            for acc, i in zip(kernels[name], out):
+                acc["samples"] += i["samples"]
+                acc["executed"] += i["executed"]
+                for k, v in i["stalls"].items():
+                    acc["stalls"][k] = acc["stalls"].get(k, 0.0) + v
+        else:
+            kernels[name] = out
+    return kernels
+
+
+def sass_table(name: str, instrs: list[dict], top: int = 25) -> str:
+    """Where a kernel's warps wait: its samples by stall reason, then the `top` instructions by samples (their
+    index in the kernel, how often they ran, their stall reasons), in kernel order."""
+    total = sum(i["samples"] for i in instrs)
+    by: dict[str, float] = {}
+    for i in instrs:
+        for k, v in i["stalls"].items():
+            by[k] = by.get(k, 0.0) + v
+    lines = [f"{name}: {len(instrs)} instructions, {total:.0f} warp samples: " +
+             ", ".join(f"{k} {100 * v / max(total, 1):.0f}%" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))]
+    hot = sorted(sorted(range(len(instrs)), key=lambda j: -instrs[j]["samples"])[:top])
+    for j in hot:
+        i = instrs[j]
+        if i["samples"]:
+            why = ", ".join(f"{k} {v:.0f}" for k, v in sorted(i["stalls"].items(), key=lambda kv: -kv[1]))
+            lines.append(f"{j:6d} {i['samples']:6.0f} {i['executed']:8.0f}  {i['sass'][:60]:60} {why}")
+    return "\n".join(lines)
+
+
 def child(a):
     """One step of the shape under the profiler's start/stop, after warm-up runs (plans, tuning, graphs)."""
     import numpy as np
@@ -134,6 +192,9 @@ def main():
     p.add_argument("--cache-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--stalls", action="store_true", help="add columns of stall reasons (no instruction, memory, "
                    "barrier, memory barrier)")
+    p.add_argument("--warm", action="store_true", help="keep the caches between kernels (ncu --cache-control none)")
+    p.add_argument("--sass", metavar="KERNEL", help="sample this kernel's warps and print where they wait, by "
+                   "instruction")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.stalls:
@@ -143,17 +204,35 @@ def main():
     ncu = shutil.which("ncu")
     if not ncu:
         sys.exit("kernel_profile: ncu (Nsight Compute) not found on PATH")
-    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--metrics", ",".join(METRICS), "--csv",
-           "--page", "raw", sys.executable, __file__, "--child", "--mode", a.mode, "--tokens", str(a.tokens),
-           "--layers", str(a.layers), "--model", a.model, "--cache-dtype", a.cache_dtype]
-    with tempfile.TemporaryFile("w+") as err:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=dict(os.environ))
-        if r.returncode:
-            err.seek(0)
-            sys.exit(f"kernel_profile: ncu failed ({r.returncode}):\n{err.read()[-4000:]}")
-    rows = parse(r.stdout)
-    print(f"{a.model}, {a.layers} layer(s), one {a.mode} step of {a.tokens} tokens, {a.cache_dtype} cache (ncu, each "
-          f"kernel alone)")
+    base = [ncu, "--profile-from-start", "off", "--clock-control", "none"]
+    base += ["--cache-control", "none"] if a.warm else []
+    kid = [sys.executable, __file__, "--child", "--mode", a.mode, "--tokens", str(a.tokens), "--layers", str(a.layers),
+           "--model", a.model, "--cache-dtype", a.cache_dtype]
+
+    def run(cmd):
+        with tempfile.TemporaryFile("w+") as err:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=dict(os.environ))
+            if r.returncode:
+                err.seek(0)
+                sys.exit(f"kernel_profile: ncu failed ({r.returncode}):\n{err.read()[-4000:]}")
+        return r.stdout
+
+    what = f"{a.model}, {a.layers} layer(s), one {a.mode} step of {a.tokens} tokens, {a.cache_dtype} cache"
+    caches = "caches kept" if a.warm else "caches flushed"
+    if a.sass:
+        with tempfile.TemporaryDirectory() as d:
+            rep = os.path.join(d, "k")
+            run(base + ["--kernel-name", a.sass, "--set", "full", "--import-source", "no", "--warp-sampling-interval",
+                        "0", "-o", rep] + kid)
+            kernels = parse_source(run([ncu, "-i", rep + ".ncu-rep", "--page", "source", "--print-source", "sass",
+                                        "--csv"]))
+        if a.sass not in kernels:
+            sys.exit(f"kernel_profile: ncu sampled no kernel {a.sass} (kernels: {sorted(kernels)})")
+        print(f"{what} (ncu warp samples, {caches})")
+        print(sass_table(a.sass, kernels[a.sass]))
+        return
+    rows = parse(run(base + ["--metrics", ",".join(METRICS), "--csv", "--page", "raw"] + kid))
+    print(f"{what} (ncu, each kernel alone, {caches})")
     print(table(rows))
 
 

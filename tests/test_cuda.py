@@ -179,6 +179,44 @@ def test_kernel_profile_reads_ncu_csv():
     assert [r["us"] for r in short] == [r["us"] for r in rows] and [r["MB"] for r in short] == [r["MB"] for r in rows]
 
 
+# (ncu's `--page source --print-source sass --csv`, two kernels, a few of its columns)
+_NCU_SOURCE = """"Kernel Name","k64",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_imc","stall_long_sb","stall_long_sb (Not Issued)"
+"0x7f00","      ULDC.64 UR14, c[0x0][0x208]","5","256","5","0","0"
+"0x7f10","      LDG.E.64.CONSTANT R2, desc[UR14][R2.64+0x10]","0","256","0","0","0"
+"0x7f20","      ISETP.NE.U32.AND P0, PT, R18, RZ, PT","15","1,032","0","15","12"
+"Kernel Name","k5",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_imc","stall_long_sb","stall_long_sb (Not Issued)"
+"0x8f00","      EXIT","0","32","0","0","0"
+"Kernel Name","k64",
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_imc","stall_long_sb","stall_long_sb (Not Issued)"
+"0x7f00","      ULDC.64 UR14, c[0x0][0x208]","1","256","1","0","0"
+"0x7f10","      LDG.E.64.CONSTANT R2, desc[UR14][R2.64+0x10]","0","256","0","0","0"
+"0x7f20","      ISETP.NE.U32.AND P0, PT, R18, RZ, PT","4","1,032","0","4","4"
+"""
+
+
+def test_kernel_profile_reads_ncu_sass_samples():
+    """benchmarks/kernel_profile.py --sass: ncu's source page (per kernel launch, its SASS with warp samples by
+    stall reason; a kernel's launches added) -> the kernel's samples by reason and its instructions with the most
+    samples, in kernel order."""
+    import importlib.util
+    import pathlib
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "kernel_profile.py"
+    spec = importlib.util.spec_from_file_location("kernel_profile", path)
+    kp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kp)
+    ks = kp.parse_source(_NCU_SOURCE)
+    assert sorted(ks) == ["k5", "k64"] and len(ks["k64"]) == 3 and len(ks["k5"]) == 1
+    third = ks["k64"][2]
+    assert third["sass"].startswith("ISETP.NE") and third["samples"] == 19 and third["executed"] == 2064
+    assert third["stalls"] == {"long_sb": 19}  # (the not-issued column is a part of it, not another reason)
+    text = kp.sass_table("k64", ks["k64"], top=2)
+    lines = text.splitlines()
+    assert lines[0] == "k64: 3 instructions, 25 warp samples: long_sb 76%, imc 24%"
+    assert len(lines) == 3 and "ULDC.64" in lines[1] and "imc 6" in lines[1] and "long_sb 19" in lines[2]
+
+
 def test_compiler_rejects_a_non_float_compute_dtype():
     with pytest.raises(ValueError, match="float32, float16 or bfloat16"):
         lm.CudaCompiler("int32")
