@@ -516,12 +516,19 @@ def test_independent_steps_run_as_one_batch(backend, rng):
 # (what a batch of element loops and a Scatter's row writes needs beyond cuda_host's prelude)
 _BATCH_HOST = r"""
 inline double ld_int32(const void* b, i64 o) { return ((const int*)b)[o]; }
-template <int N> void ldv_float32(const void* b, i64 o, i64 s, float* x) { for (int e = 0; e < N; ++e) x[e] = ld_float32(b, o + e * s); }
-template <int N> void stv_float32(void* b, i64 o, const float* v) { for (int e = 0; e < N; ++e) st_float32(b, o + e, v[e]); }
+template <int N> void ldv_float32(const void* b, i64 o, i64 s, float* x) {
+  for (int e = 0; e < N; ++e) x[e] = ld_float32(b, o + e * s);
+}
+template <int N> void stv_float32(void* b, i64 o, const float* v) {
+  for (int e = 0; e < N; ++e) st_float32(b, o + e, v[e]);
+}
 template <class T> T rd_float32(T v) { return (T)(float)v; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float op_exp2(float x) { return std::exp2(x); }
-inline void fail(int* err, const i64* p, int code) { std::lock_guard<std::mutex> l(atomics); if (!*err) *err = int(p[0] * 4 + code); }
+inline void fail(int* err, const i64* p, int code) {  // (the first failing check wins, as atomicCAS does)
+  std::lock_guard<std::mutex> l(atomics);
+  if (!*err) *err = int(p[0] * 4 + code);
+}
 """
 
 

@@ -3771,7 +3771,8 @@ std::string Generator::batch_kernel(const Group& G) {
       std::string a = "I" + J + "_" + std::to_string(q), type = arg_type(l.args[q]);
       sig << ", " << type << a;
       bool slice = l.args[q] == "Q";
-      if (slice && l.q_slots <= 0) throw std::logic_error("CUDA codegen: a batched producer without its parameter count");
+      if (slice && l.q_slots <= 0)
+        throw std::logic_error("CUDA codegen: a batched producer without its parameter count");
       body << "    " << type.substr(0, type.find(" __restrict__")) << " " << l.args[q] << " = "
            << (slice ? stage(a, l.q_slots) : a) << ";\n";
     }
