@@ -764,16 +764,6 @@ std::optional<SoftmaxForm> softmax_form(const Program& pr) {
   return std::nullopt;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  long v = std::strtol(e, &end, 10);
-  if (*end || v < INT_MIN || v > INT_MAX)
-    throw std::invalid_argument(std::string(name) + " must be an integer, got '" + e + "'");
-  return int(v);
-}
-
 class Generator {
  public:
   Generator(const Graph& g, DType compute, bool host_fallback)
@@ -3931,6 +3921,16 @@ Module Generator::run() {
 }  // namespace
 
 const char* prelude() { return kPrelude; }
+
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(e, &end, 10);
+  if (*end || v < INT_MIN || v > INT_MAX)
+    throw std::invalid_argument(std::string(name) + " must be an integer, got '" + e + "'");
+  return int(v);
+}
 
 GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads

@@ -145,6 +145,8 @@ struct Module {
 
 // The helpers every generated module starts with (loads, stores, rounding per dtype).
 const char* prelude();
+// Environment variable `name` as an integer (`fallback` when unset or empty); anything else raises, naming it.
+int env_int(const char* name, int fallback);
 
 // `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py). An op the
 // backend has no kernel for raises UnsupportedOpError, except a user op (HostOp) with `host_fallback`: it then

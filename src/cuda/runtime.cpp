@@ -1418,8 +1418,8 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     // Each block stages the row once: no more blocks than run at once, the kernel's 4 a multiprocessor
     // (LUMINAL_CUDA_STAGE_BLOCKS: another number, to compare).
     static const int64_t per_sm = [] {
-      const char* e = std::getenv("LUMINAL_CUDA_STAGE_BLOCKS");
-      return e && std::atoi(e) > 0 ? int64_t(std::atoi(e)) : int64_t(4);
+      int n = env_int("LUMINAL_CUDA_STAGE_BLOCKS", 4);
+      return int64_t(n > 0 ? n : 4);
     }();
     unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * per_sm)), 1, 1};
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
