@@ -183,6 +183,15 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
   return r;
 }
 inline void lds8_float32(const void* b, i64 o, float* x) { ld8_float32(b, o, x); }
+// A lane's 8 elements as raw words (ldr8; ldsr8 streamed), widened by the prelude's own cvt8 (below).
+struct f32x8 { uint4 lo, hi; };
+inline uint4 raw16(const void* p) { aligned16(p); uint4 u; std::memcpy(&u, p, 16); return u; }
+inline uint4 ldr8_bfloat16(const void* b, i64 o) { return raw16((const u16*)b + o); }
+inline uint4 ldr8_float16(const void* b, i64 o) { return raw16((const u16*)b + o); }
+inline f32x8 ldr8_float32(const void* b, i64 o) { return {raw16((const float*)b + o), raw16((const float*)b + o + 4)}; }
+inline uint4 ldsr8_bfloat16(const void* b, i64 o) { return ldr8_bfloat16(b, o); }
+inline uint4 ldsr8_float16(const void* b, i64 o) { return ldr8_float16(b, o); }
+inline f32x8 ldsr8_float32(const void* b, i64 o) { return ldr8_float32(b, o); }
 inline uint2 ld_stream8(const void* p) {
   if (uintptr_t(p) % 8) { std::fprintf(stderr, "unaligned 8-byte access\n"); std::abort(); }
   uint2 u; std::memcpy(&u, p, 8); return u;
@@ -196,6 +205,7 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
 template <class T> T rd_float32(T v) { return (T)(float)v; }
+template <class T> T rd_bfloat16(T v) { return (T)bits_f32(unsigned(f32_bf16((float)v)) << 16); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 """
 
@@ -210,8 +220,11 @@ def _prelude_function(name: str) -> str:
     return text[start:end].replace("__device__ __forceinline__ ", "inline ")
 
 
-# Split Q8_0 operands quantise their activations as the GPU does (the prelude's own text).
+# Split Q8_0 operands quantise their activations as the GPU does, and raw words widen as on the GPU (the prelude's
+# own text).
 MATVEC += _prelude_function("q8_quantize8")
+for _dt in ("float32", "bfloat16", "float16"):
+    MATVEC += _prelude_function(f"cvt8_{_dt}")
 # Unravelled indices divide by their dims' dividers (udiv), as on the GPU.
 PRELUDE += "inline unsigned __umulhi(unsigned a, unsigned b) { return unsigned(((unsigned long long)a * b) >> 32); }\n"
 PRELUDE += _prelude_function("udiv")

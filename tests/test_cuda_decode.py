@@ -322,3 +322,85 @@ int main() {{
     second = expected_dp4a(x * nv, raw2, k)[0] * scale if q8 else (r @ wf.T.astype(np.float64))[0]
     want = np.concatenate([expected_dp4a(x * nv, raw, k)[0] * scale, second])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
+
+
+@pytest.mark.parametrize("dtype,k,norm,split", [("float32", 200, False, False), ("bfloat16", 200, False, False),
+                                                ("float32", 1064, True, False), ("bfloat16", 1064, False, False),
+                                                ("float32", 2120, False, True), ("bfloat16", 2120, False, True)])
+def test_float_group_kernel_on_the_host(dtype, k, norm, split, rng, tmp_path, monkeypatch):
+    """A group of float members run on the host (cuda_host.py), against float64 torch: gate and up (37 rows, one
+    unit of two members, silu(gate) * up) and o (24 rows, a residual add), every tensor float32 (two 16-byte loads
+    a lane's 8 elements) or bfloat16 (one). Each lane's loads of a step are raw words widened after them (ldr8),
+    whole steps unchecked: 200 is one checked step only, 1064 whole steps and a checked one (float32: with an RMSNorm
+    computed in the loop, the prologue), 2120 with K split over 4 warps a row (parts of whole steps, one of a checked
+    step only, one empty). Three blocks of 64 threads for the work of more: the warps loop over rows."""
+    if needs_nvrtc() is not None or not cuda_host.compiler():
+        pytest.skip("needs the CUDA code generation and a host C++ compiler")
+    if split:
+        monkeypatch.setenv("LUMINAL_CUDA_SPLIT_WARPS", "1000000")
+    t = getattr(torch, dtype)
+    shapes = {"x": (1, k), "res": (1, 24), "nv": (k,), "o": (24, k), "g": (37, k), "u": (37, k)}
+    # (the tensors as stored: bfloat16 ones rounded; the reference takes the rounded values)
+    data = {n: torch.from_numpy(rng.data(s).astype(np.float32)).to(t) for n, s in shapes.items()}
+    cx = lm.Graph()
+    ts = {n: cx.tensor(tuple(v.shape), dtype, name=n).set(v.float().numpy()) for n, v in data.items()}
+    h = ts["x"].rms_norm(k, ts["nv"], 1e-5) if norm else ts["x"]
+    outs = [(ts["res"] + h @ ts["o"].T).output(), ((h @ ts["g"].T).silu() * (h @ ts["u"].T)).output()]
+    comp = lm.CudaCompiler("float32", device=None)
+    cx.compile(lm.GenericCompiler(), comp)
+    g = cx._g
+    ((group, ids),) = comp.schedule.groups()
+    text = dict(comp.schedule.kernel_texts)[group]
+    members = [i for i in ids if g.node(i).name.startswith("MatMul")]
+    assert len(members) == 3 and f"ldsr8_{dtype}(W" in text and (f"ldr8_{dtype}(a_" in text) == (not norm)
+    assert ("sl_ = w_ % 4" in text) == split
+    name_of = {e.node: g.node(e.node).name for i in ids for e in g.node(i).inputs}
+    numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
+    pro = [i for i in ids if i == g.node(members[0]).inputs[0].node]  # (the norm the members read)
+    epilogues = [i for i in ids if i not in members and i not in pro]
+    assert len(pro) == int(norm) and len(epilogues) == 2
+
+    def slice_of(nid, items, kk, extra):
+        p = [nid, items, kk, extra]
+        for e in g.node(nid).inputs:
+            size = numel(e.node) if e.node in members + pro else data[name_of[e.node]].numel()
+            p += cuda_host.view_slots(e.view.offset, size, e.view.shape, e.view.strides)
+        return p
+
+    slices = [slice_of(m, numel(m), k, numel(m)) for m in members] + [slice_of(e, numel(e), 0, 0) for e in epilogues]
+    args = ["h0.data()" if norm else "x.data()"]
+    args += [f"P[{j}].data(), o{m}.data(), {name_of[g.node(m).inputs[1].node]}.data()" for j, m in enumerate(members)]
+    for j, e in enumerate(epilogues):
+        ins = [f"o{ed.node}.data()" if ed.node in members else f"{name_of[ed.node]}.data()" for ed in g.node(e).inputs]
+        args.append(", ".join([f"P[{len(members) + j}].data()", f"o{e}.data()"] + ins))
+    if norm:
+        slices.append(slice_of(pro[0], 1, k, 0))
+        args.append(", ".join([f"P[{len(slices) - 1}].data()"] + [f"{name_of[e.node]}.data()"
+                                                                   for e in g.node(pro[0]).inputs]))
+    bufs = "".join(f"  std::vector<float> o{i}({numel(i)}, 12345.0f);\n" for i in members + epilogues)
+    loads = "".join(f'  std::vector<char> {n} = load("{n}.bin");\n' for n in data)
+    size = t.itemsize if hasattr(t, "itemsize") else torch.empty((), dtype=t).element_size()
+    main = f"""
+int main() {{
+  std::vector<std::vector<i64>> P = {{{", ".join("{" + ", ".join(map(str, p)) + "}" for p in slices)}}};
+{loads}{bufs}  std::vector<float> h0(1, 0.0f);  // (with a prologue the kernel reads the norm's inputs, not this)
+  int err = 0;
+  launch(3, 1, 1, 128, [&] {{ {group}(P[0].data(), &err, {", ".join(args)}); }});
+  FILE* f = std::fopen("out.bin", "wb");
+  std::fwrite(o{epilogues[0]}.data(), {size}, o{epilogues[0]}.size(), f);
+  std::fwrite(o{epilogues[1]}.data(), {size}, o{epilogues[1]}.size(), f);
+  std::fclose(f);
+}}
+"""
+    exe = cuda_host.build(_GROUP_HOST + "inline float op_exp2(float x) { return std::exp2(x); }\n" + text + main, tmp_path)
+    for n, v in data.items():
+        (tmp_path / f"{n}.bin").write_bytes((v.view(torch.int16) if size == 2 else v).numpy().tobytes())
+    subprocess.run([str(exe)], check=True, cwd=tmp_path)
+    raw = np.fromfile(tmp_path / "out.bin", np.int16 if size == 2 else np.float32)
+    got = torch.from_numpy(raw).view(t).double().numpy()
+    d = {n: v.double() for n, v in data.items()}
+    a = _rms(d["x"], d["nv"], 1e-5) if norm else d["x"]
+    p = {n: (a @ d[n].T)[0].numpy() for n in ("o", "g", "u")}
+    want = np.concatenate([d["res"][0].numpy() + p["o"], p["g"] / (1 + np.exp(-p["g"])) * p["u"]])
+    tol = 1e-5 if size == 4 else 8e-3  # (bfloat16: the outputs rounded to 8 bits)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=repr(rng))

@@ -114,13 +114,20 @@ template <class T> __device__ __forceinline__ T op_max(T acc, T x) { return (isn
 // The first failing check wins: node id * 4 + code (1: a padded view read outside its buffer, 2: a gather index,
 // 3: a scatter index out of range).
 __device__ __forceinline__ void fail(int* err, const i64* p, int code) { atomicCAS(err, 0, (int)(p[0] * 4 + code)); }
-// Eight consecutive elements from a 16-byte-aligned address (float32: two 16-byte loads).
-__device__ __forceinline__ void ld8_float32(const void* b, i64 o, float* x) {
-  const float4* q = (const float4*)((const float*)b + o);
-  float4 u = q[0], v = q[1];
-  x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w; x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+// Eight consecutive elements from a 16-byte-aligned address, as raw words (ldr8: 16-bit, one 16-byte load;
+// float32, two), then widened to float (cvt8); ld8 does both. A dot loop issues all of a step's raw loads before
+// the first widening, so they are in flight together, in half the registers of floats.
+struct f32x8 { uint4 lo, hi; };
+__device__ __forceinline__ uint4 ldr8_float16(const void* b, i64 o) { return *(const uint4*)((const u16*)b + o); }
+__device__ __forceinline__ uint4 ldr8_bfloat16(const void* b, i64 o) { return *(const uint4*)((const u16*)b + o); }
+__device__ __forceinline__ f32x8 ldr8_float32(const void* b, i64 o) {
+  const uint4* q = (const uint4*)((const float*)b + o);
+  return {q[0], q[1]};
 }
-// Eight 16-bit values (16 bytes) widened to float.
+__device__ __forceinline__ void cvt8_float32(f32x8 r, float* x) {
+  unsigned w[8] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w, r.hi.x, r.hi.y, r.hi.z, r.hi.w};
+  for (int j = 0; j < 8; ++j) x[j] = __uint_as_float(w[j]);
+}
 __device__ __forceinline__ void cvt8_float16(uint4 u, float* x) {
   unsigned w[4] = {u.x, u.y, u.z, u.w};
   for (int j = 0; j < 4; ++j) { x[2 * j] = f16_f32((u16)(w[j] & 0xffff)); x[2 * j + 1] = f16_f32((u16)(w[j] >> 16)); }
@@ -129,21 +136,23 @@ __device__ __forceinline__ void cvt8_bfloat16(uint4 u, float* x) {
   unsigned w[4] = {u.x, u.y, u.z, u.w};
   for (int j = 0; j < 4; ++j) { x[2 * j] = __uint_as_float(w[j] << 16); x[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u); }
 }
-__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) { cvt8_float16(*(const uint4*)((const u16*)b + o), x); }
-__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(*(const uint4*)((const u16*)b + o), x); }
-// The same, streamed: read-only, not kept in L1 (weights read once per step).
+__device__ __forceinline__ void ld8_float32(const void* b, i64 o, float* x) { cvt8_float32(ldr8_float32(b, o), x); }
+__device__ __forceinline__ void ld8_float16(const void* b, i64 o, float* x) { cvt8_float16(ldr8_float16(b, o), x); }
+__device__ __forceinline__ void ld8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ldr8_bfloat16(b, o), x); }
+// The same, streamed (ldsr8, lds8): read-only, not kept in L1 (weights read once per step).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {
   uint4 u;
   asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p));
   return u;
 }
-__device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) {
-  uint4 u = ld_stream16((const float*)b + o), v = ld_stream16((const float*)b + o + 4);
-  x[0] = __uint_as_float(u.x); x[1] = __uint_as_float(u.y); x[2] = __uint_as_float(u.z); x[3] = __uint_as_float(u.w);
-  x[4] = __uint_as_float(v.x); x[5] = __uint_as_float(v.y); x[6] = __uint_as_float(v.z); x[7] = __uint_as_float(v.w);
+__device__ __forceinline__ uint4 ldsr8_float16(const void* b, i64 o) { return ld_stream16((const u16*)b + o); }
+__device__ __forceinline__ uint4 ldsr8_bfloat16(const void* b, i64 o) { return ld_stream16((const u16*)b + o); }
+__device__ __forceinline__ f32x8 ldsr8_float32(const void* b, i64 o) {
+  return {ld_stream16((const float*)b + o), ld_stream16((const float*)b + o + 4)};
 }
-__device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ld_stream16((const u16*)b + o), x); }
-__device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ld_stream16((const u16*)b + o), x); }
+__device__ __forceinline__ void lds8_float32(const void* b, i64 o, float* x) { cvt8_float32(ldsr8_float32(b, o), x); }
+__device__ __forceinline__ void lds8_float16(const void* b, i64 o, float* x) { cvt8_float16(ldsr8_float16(b, o), x); }
+__device__ __forceinline__ void lds8_bfloat16(const void* b, i64 o, float* x) { cvt8_bfloat16(ldsr8_bfloat16(b, o), x); }
 // 8 bytes streamed past L1 (a lane's quants of Q8_0 weights stored split).
 __device__ __forceinline__ uint2 ld_stream8(const void* p) {
   uint2 u;
@@ -421,9 +430,10 @@ std::string warp_mma_tile(const std::string& ct, int bk, const std::string& acc 
 
 // A warp's dot products of one row of activations `a` (at offset `oa`) with rows of one or more weights (each
 // operand: storage dtype, pointer, offset, accumulator name), sharing the activation loads: each lane issues `U`
-// steps of 8 elements (16-byte loads) before the first multiply; weights are streamed past L1 (lds8). Leaves each
-// warp-summed accumulator in every lane; K is the row length. Operands with `q8` set: see dot_rows_q8. With `act`,
-// the activations are computed where they are loaded (a group's factored prologue, see group_kernel).
+// steps of 8 elements (raw 16-byte loads, ldr8) before the first is widened and multiplied, whole steps without
+// bounds checks (dot_steps); weights are streamed past L1 (ldsr8). Leaves each warp-summed accumulator in every
+// lane; K is the row length. Operands with `q8` set: see dot_rows_q8. With `act`, the activations are computed
+// where they are loaded (a group's factored prologue, see group_kernel).
 struct ActRow {
   std::string sig;   // the kernel's extra parameters
   std::string init;  // before the loop (`oa` known): the row's offsets, its sums' accumulators
@@ -446,6 +456,17 @@ struct DotOperand {
 std::string dot_rows_q8(DType as, const std::string& a, const std::string& oa, const std::vector<DotOperand>& ws, int U,
                         const ActRow* act, const std::string& kb, const std::string& ke, bool staged);
 
+// A dot loop's steps over [kb, ke) (`width` elements a warp each): whole steps unchecked, then one checked
+// step (`step(checked)` prints one), then each operand's accumulator summed over the warp.
+std::string dot_steps(const std::vector<DotOperand>& ws, const std::string& kb, const std::string& ke, int width,
+                      const std::function<std::string(bool)>& step) {
+  Text t;
+  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << width << " <= " << ke << "; k_ += " << width << ") {\n"
+    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
+  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
+  return t.str();
+}
+
 // [kb, ke): the part of the rows summed (kb a multiple of a step, 256 U; a group kernel's K split over warps).
 // `staged`: every operand is Q8_0 stored split and the activations are already quantised in shared memory
 // (stage_row, dot_rows_staged: steps of 512).
@@ -454,26 +475,41 @@ std::string dot_rows(DType as, const std::string& a, const std::string& oa, cons
                      bool staged = false) {
   if (std::any_of(ws.begin(), ws.end(), [](const DotOperand& w) { return w.q8; }))
     return dot_rows_q8(as, a, oa, ws, U, act, kb, ke, staged);
+  // (a lane's raw words of a step: see ldr8)
+  auto raw = [](DType d) { return std::string(d == DType::F32 ? "f32x8" : "uint4"); };
   Text t;
   for (auto& w : ws) t << "    float " << w.acc << " = 0.0f;\n";
-  t << "    for (i64 k0 = " << (kb == "0" ? "" : kb + " + ") << "lane * 8; k0 < " << ke << "; k0 += " << 256 * U
-    << ") {\n      float a[" << U << "][8]";
-  for (auto& w : ws) t << ", b_" << w.acc << "[" << U << "][8]";
-  t << ";\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n"
-    << "        if (k0 + u * 256 < " << ke << ") {\n";
-  if (!act) t << "          ld8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256, a[u]);\n";
-  for (auto& w : ws)
-    t << "          lds8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off << " + k0 + u * 256, b_" << w.acc
-      << "[u]);\n";
-  if (act) t << act->load("k0 + u * 256", "a[u]");  // (after the weights' loads: those are the ones to start first)
-  t << "        } else {\n          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
-  for (auto& w : ws) t << "          for (int e = 0; e < 8; ++e) b_" << w.acc << "[u][e] = 0.0f;\n";
-  t << "        }\n      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u)\n"
-    << "        for (int e = 0; e < 8; ++e) {\n";
-  for (auto& w : ws) t << "          " << w.acc << " += a[u][e] * b_" << w.acc << "[u][e];\n";
-  t << "        }\n    }\n";
-  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
-  return t.str();
+  auto step = [&](bool checked) {
+    Text s;
+    s << "      i64 k0 = k_ + lane * 8;\n";
+    if (act) s << "      float a[" << U << "][8];\n";
+    else s << "      " << raw(as) << " a[" << U << "];\n";
+    for (auto& w : ws) s << "      " << raw(w.storage) << " b_" << w.acc << "[" << U << "];\n";
+    s << "#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    if (checked) s << "        if (k0 + u * 256 < " << ke << ") {\n";
+    std::string in = checked ? "          " : "        ";
+    if (!act) s << in << "a[u] = ldr8_" << dtype_name(as) << "(" << a << ", " << oa << " + k0 + u * 256);\n";
+    for (auto& w : ws)
+      s << in << "b_" << w.acc << "[u] = ldsr8_" << dtype_name(w.storage) << "(" << w.ptr << ", " << w.off
+        << " + k0 + u * 256);\n";
+    if (act) s << act->load("k0 + u * 256", "a[u]");  // (after the weights' loads: those are the ones to start first)
+    if (checked) {
+      s << "        } else {\n";
+      if (act) s << "          for (int e = 0; e < 8; ++e) a[u][e] = 0.0f;\n";
+      else s << "          a[u] = " << raw(as) << "{};\n";
+      for (auto& w : ws) s << "          b_" << w.acc << "[u] = " << raw(w.storage) << "{};\n";
+      s << "        }\n";
+    }
+    s << "      }\n#pragma unroll\n      for (int u = 0; u < " << U << "; ++u) {\n";
+    if (act) s << "        const float* x = a[u];\n";
+    else s << "        float x[8];\n        cvt8_" << dtype_name(as) << "(a[u], x);\n";
+    for (auto& w : ws)
+      s << "        { float y[8];\n          cvt8_" << dtype_name(w.storage) << "(b_" << w.acc << "[u], y);\n"
+        << "          for (int e = 0; e < 8; ++e) " << w.acc << " += x[e] * y[e]; }\n";
+    s << "      }\n";
+    return s.str();
+  };
+  return t.str() + dot_steps(ws, kb, ke, 256 * U, step);
 }
 
 // dot_rows with Q8_0 operands (and float ones). Lane l's 8 elements of a step are quarter l & 3 of its block l / 4.
@@ -548,17 +584,6 @@ std::string stage_row(DType as, int64_t K, const std::string& at, const ActRow* 
     t << act->scalar << "    scale_ = " << act->scale << ";\n";
   }
   t << "  }\n  __syncthreads();\n";
-  return t.str();
-}
-
-// A Q8_0 dot loop's steps over [kb, ke) (`width` elements a warp each): whole steps unchecked, then one checked
-// step (`step(checked)` prints one), then each operand's accumulator summed over the warp.
-std::string dot_steps(const std::vector<DotOperand>& ws, const std::string& kb, const std::string& ke, int width,
-                      const std::function<std::string(bool)>& step) {
-  Text t;
-  t << "    i64 k_ = " << kb << ";\n    for (; k_ + " << width << " <= " << ke << "; k_ += " << width << ") {\n"
-    << step(false) << "    }\n    if (k_ < " << ke << ") {\n" << step(true) << "    }\n";
-  for (auto& w : ws) t << "    " << w.acc << " = warp_sum(" << w.acc << ");\n";
   return t.str();
 }
 
@@ -3535,8 +3560,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   bool in_loop = prologue >= 0 && !SK;
   if (in_loop && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
   // Otherwise 4 blocks fit: streaming the weights needs resident warps more than deeper unrolling (left free,
-  // the gate/up group over 16-bit activations took twice the registers and ran slower).
-  else if (!in_loop) bounds += ", 4";
+  // the gate/up group over 16-bit activations took twice the registers and ran slower; LUMINAL_CUDA_GROUP_BLOCKS
+  // to compare).
+  else if (!in_loop) bounds += ", " + std::to_string(std::max(1, env_int("LUMINAL_CUDA_GROUP_BLOCKS", 4)));
   sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -3548,8 +3574,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   int split = group_split(nunits, members_of, in_loop);
   // Staged, a step of 16 quants an operand takes 5 registers, and the activations' 5 are shared: 4 such loads in
   // flight per warp (LUMINAL_CUDA_Q8_STAGE_STEPS to compare; 8 spills). Otherwise steps of 8 elements (SW: a
-  // step's elements).
+  // step's elements), 4 weight loads in flight per warp (LUMINAL_CUDA_GROUP_STEPS to compare).
   const int stage_steps = env_int("LUMINAL_CUDA_Q8_STAGE_STEPS", 4), SW = SK ? 512 : 256;
+  const int nsteps = SK ? stage_steps : env_int("LUMINAL_CUDA_GROUP_STEPS", 4);
   int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
   Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
@@ -3563,7 +3590,7 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
     rows.push_back(pair ? "(P" + std::to_string(m0) + "[1] + 1) / 2" : "P" + std::to_string(m0) + "[1]");
     const Step& s0 = steps[ms[0]];
     const ViewSlot& av = s0.views[0];
-    int R = av.rank, c = int(ms.size()), U = std::max(1, (SK ? stage_steps : 4) / (pair ? 2 * c : c));
+    int R = av.rank, c = int(ms.size()), U = std::max(1, nsteps / (pair ? 2 * c : c));
     std::vector<std::string> idx = names("i", 0, R - 1);
     idx.push_back("0");
     DType as = storage(g_.node(cs[ms[0]].node).inputs[0].node);
