@@ -3559,10 +3559,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   const char* mb = std::getenv("LUMINAL_CUDA_PROLOGUE_BLOCKS");
   bool in_loop = prologue >= 0 && !SK;
   if (in_loop && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
-  // Otherwise 4 blocks fit: streaming the weights needs resident warps more than deeper unrolling (left free,
-  // the gate/up group over 16-bit activations took twice the registers and ran slower; LUMINAL_CUDA_GROUP_BLOCKS
-  // to compare).
-  else if (!in_loop) bounds += ", " + std::to_string(std::max(1, env_int("LUMINAL_CUDA_GROUP_BLOCKS", 4)));
+  // Otherwise group_blocks() blocks fit a multiprocessor: few, with deep steps (below), so that the compiler can
+  // issue all of a step's loads before the first one is used.
+  else if (!in_loop) bounds += ", " + std::to_string(group_blocks());
   sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -3572,11 +3571,11 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   ActRow pro;
   if (prologue >= 0) pro = group_prologue(size_t(prologue));
   int split = group_split(nunits, members_of, in_loop);
-  // Staged, a step of 16 quants an operand takes 5 registers, and the activations' 5 are shared: 4 such loads in
-  // flight per warp (LUMINAL_CUDA_Q8_STAGE_STEPS to compare; 8 spills). Otherwise steps of 8 elements (SW: a
-  // step's elements), 4 weight loads in flight per warp (LUMINAL_CUDA_GROUP_STEPS to compare).
-  const int stage_steps = env_int("LUMINAL_CUDA_Q8_STAGE_STEPS", 4), SW = SK ? 512 : 256;
-  const int nsteps = SK ? stage_steps : env_int("LUMINAL_CUDA_GROUP_STEPS", 4);
+  // A warp keeps LUMINAL_CUDA_GROUP_STEPS (8) weight loads in flight per step of its loop, shared among a unit's
+  // operands: of 16 quants (staged; 5 registers an operand, the activations' 5 shared) or 8 elements (raw words),
+  // SW a step's elements. (Four, at 4 blocks a multiprocessor, decoded the 8B bf16 and Q8_0 more slowly on an
+  // H200: the compiler issued each step's loads in two halves, waiting on the first before the second.)
+  const int nsteps = std::max(1, env_int("LUMINAL_CUDA_GROUP_STEPS", 8)), SW = SK ? 512 : 256;
   int nacc = 0;  // accumulators of the largest unit (a split kernel's partial sums per warp)
   Text body2;  // a split kernel's second pass: the partial sums added, the outputs stored
   for (size_t u = 0; u < nunits; ++u) {
@@ -3958,6 +3957,8 @@ int env_int(const char* name, int fallback) {
     throw std::invalid_argument(std::string(name) + " must be an integer, got '" + e + "'");
   return int(v);
 }
+
+int group_blocks() { return std::max(1, env_int("LUMINAL_CUDA_GROUP_BLOCKS", 2)); }
 
 GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads

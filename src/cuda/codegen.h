@@ -147,6 +147,9 @@ struct Module {
 const char* prelude();
 // Environment variable `name` as an integer (`fallback` when unset or empty); anything else raises, naming it.
 int env_int(const char* name, int fallback);
+// Blocks of a matrix-vector group's kernel that fit a multiprocessor (its launch bounds; a staged group's grid is
+// no larger than run at once): LUMINAL_CUDA_GROUP_BLOCKS, 2 by default.
+int group_blocks();
 
 // `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py). An op the
 // backend has no kernel for raises UnsupportedOpError, except a user op (HostOp) with `host_fallback`: it then

@@ -1415,12 +1415,8 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
   }
   if (s_.group_stage[g]) {
-    // Each block stages the row once: no more blocks than run at once, the kernel's 4 a multiprocessor
-    // (LUMINAL_CUDA_STAGE_BLOCKS: another number, to compare).
-    static const int64_t per_sm = [] {
-      int n = env_int("LUMINAL_CUDA_STAGE_BLOCKS", 4);
-      return int64_t(n > 0 ? n : 4);
-    }();
+    // Each block stages the row once: no more blocks than run at once (group_blocks a multiprocessor)
+    static const int64_t per_sm = group_blocks();
     unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * per_sm)), 1, 1};
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
   } else {
