@@ -1416,7 +1416,7 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
   }
   if (s_.group_stage[g]) {
     // Each block stages the row once: no more blocks than run at once (group_blocks a multiprocessor)
-    static const int64_t per_sm = group_blocks();
+    const int64_t per_sm = group_blocks();
     unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * per_sm)), 1, 1};
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
   } else {
