@@ -393,7 +393,8 @@ int main() {{
   std::fclose(f);
 }}
 """
-    exe = cuda_host.build(_GROUP_HOST + "inline float op_exp2(float x) { return std::exp2(x); }\n" + text + main, tmp_path)
+    exp2 = "inline float op_exp2(float x) { return std::exp2(x); }\n"  # (silu's)
+    exe = cuda_host.build(_GROUP_HOST + exp2 + text + main, tmp_path)
     for n, v in data.items():
         (tmp_path / f"{n}.bin").write_bytes((v.view(torch.int16) if size == 2 else v).numpy().tobytes())
     subprocess.run([str(exe)], check=True, cwd=tmp_path)
