@@ -206,6 +206,7 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline void prefetch_l2(const void*, i64, i64, int) {}  // (a hint)
 template <class T> T rd_float32(T v) { return (T)(float)v; }
 template <class T> T rd_bfloat16(T v) { return (T)bits_f32(unsigned(f32_bf16((float)v)) << 16); }
+template <class T> T rd_float16(T v) { return (T)f16_f32(f32_f16((float)v)); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 """
 
