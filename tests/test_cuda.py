@@ -445,14 +445,18 @@ def test_stacked_quantized_matmuls(backend, qtype, tokens, rng):
         np.testing.assert_allclose(o.numpy(), want, rtol=1e-4, atol=atol, err_msg=repr(rng))
 
 
+@pytest.mark.parametrize("pairs", ["0", "1"])
 @pytest.mark.parametrize("tokens", [1, 5, 20])
-def test_grouped_matvecs_and_their_epilogues(backend, tokens, rng):
+def test_grouped_matvecs_and_their_epilogues(backend, tokens, pairs, rng, monkeypatch):
     """On the GPU, matrix-vector products of one activation run as one kernel (here all five), and an elementwise
     step that alone reads some of them is computed as they store (a residual add; silu(gate) * up from two
-    products). 20 rows take the tiled kernels, so the same steps run one by one. Both against float64 numpy."""
+    products). 20 rows take the tiled kernels, so the same steps run one by one. Both against float64 numpy. With
+    LUMINAL_CUDA_FLOAT_PAIRS=1 a warp computes two rows of each product (even row counts: a pair never spans two
+    activation rows, 5 of them here)."""
     reason = backend.skip_reason()
     if reason:
         pytest.skip(f"backend {backend.name}: {reason}")
+    monkeypatch.setenv("LUMINAL_CUDA_FLOAT_PAIRS", pairs)
     x, res = rng.data((tokens, 64)).astype(np.float32), rng.data((tokens, 32)).astype(np.float32)
     ws = {k: rng.data((n, 64)).astype(np.float32) for k, n in (("q", 40), ("k", 24), ("o", 32), ("g", 48), ("u", 48))}
     g = lm.Graph()

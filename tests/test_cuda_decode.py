@@ -324,23 +324,27 @@ int main() {{
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=repr(rng))
 
 
-@pytest.mark.parametrize("dtype,k,norm,split", [("float32", 200, False, False), ("bfloat16", 200, False, False),
-                                                ("float32", 1064, True, False), ("bfloat16", 1064, False, False),
-                                                ("float32", 2120, False, True), ("bfloat16", 2120, False, True),
-                                                ("float16", 1064, False, False)])
-def test_float_group_kernel_on_the_host(dtype, k, norm, split, rng, tmp_path, monkeypatch):
+@pytest.mark.parametrize("dtype,k,norm,split,pairs", [
+    ("float32", 200, False, False, False), ("bfloat16", 200, False, False, False),
+    ("float32", 1064, True, False, False), ("bfloat16", 1064, False, False, False),
+    ("float32", 2120, False, True, False), ("bfloat16", 2120, False, True, False),
+    ("float16", 1064, False, False, False),
+    ("bfloat16", 1064, False, False, True), ("float32", 1064, True, False, True), ("float32", 2120, False, True, True)])
+def test_float_group_kernel_on_the_host(dtype, k, norm, split, pairs, rng, tmp_path, monkeypatch):
     """A group of float members run on the host (cuda_host.py), against float64 torch: gate and up (37 rows, one
     unit of two members, silu(gate) * up) and o (24 rows, a residual add), every tensor float32 (two 16-byte loads
     a lane's 8 elements), bfloat16 or float16 (one). Each lane's loads of a step are raw words widened after them (ldr8),
     whole steps unchecked: 200 is one checked step only, 1064 whole steps and a checked one (float32: with an RMSNorm
     computed in the loop, the prologue), 2120 with K split over 4 warps a row (parts of whole steps, one of a checked
-    step only, one empty). Three blocks of 4 warps for the work of more: the warps loop over rows."""
+    step only, one empty). Three blocks of 4 warps for the work of more: the warps loop over rows. With
+    LUMINAL_CUDA_FLOAT_PAIRS=1 (gate and up then 38 rows) a warp computes two rows of each member."""
     if needs_nvrtc() is not None or not cuda_host.compiler():
         pytest.skip("needs the CUDA code generation and a host C++ compiler")
-    if split:
-        monkeypatch.setenv("LUMINAL_CUDA_SPLIT_WARPS", "1000000")
+    monkeypatch.setenv("LUMINAL_CUDA_SPLIT_WARPS", "1000000" if split else "0")
+    monkeypatch.setenv("LUMINAL_CUDA_FLOAT_PAIRS", "1" if pairs else "0")
     t = getattr(torch, dtype)
-    shapes = {"x": (1, k), "res": (1, 24), "nv": (k,), "o": (24, k), "g": (37, k), "u": (37, k)}
+    n = 38 if pairs else 37
+    shapes = {"x": (1, k), "res": (1, 24), "nv": (k,), "o": (24, k), "g": (n, k), "u": (n, k)}
     # (the tensors as stored: bfloat16 ones rounded; the reference takes the rounded values)
     data = {n: torch.from_numpy(rng.data(s).astype(np.float32)).to(t) for n, s in shapes.items()}
     cx = lm.Graph()
@@ -355,7 +359,9 @@ def test_float_group_kernel_on_the_host(dtype, k, norm, split, rng, tmp_path, mo
     text = dict(comp.schedule.kernel_texts)[group]
     members = [i for i in ids if g.node(i).name.startswith("MatMul")]
     assert len(members) == 3 and f"ldsr8_{dtype}(W" in text and (f"ldr8_{dtype}(a_" in text) == (not norm)
-    assert ("sl_ = w_ % 4" in text) == split
+    assert ("sl_ = w_ % 4" in text) == split and (text.count("i64 rq = ") == (6 if split else 4) * pairs)
+    if pairs:  # (a mode only this test runs: the module compiles for the GPU too)
+        assert lm.cuda.compile_source(comp.schedule.source, 90)[:4] == b"\x7fELF"
     name_of = {e.node: g.node(e.node).name for i in ids for e in g.node(i).inputs}
     numel = lambda i: int(np.prod([int(d) for d in g.node(i).shape]))
     pro = [i for i in ids if i == g.node(members[0]).inputs[0].node]  # (the norm the members read)

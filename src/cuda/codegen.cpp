@@ -802,6 +802,8 @@ class Generator {
   bool host_fallback_;
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
   bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
+  // LUMINAL_CUDA_FLOAT_PAIRS=1: float members' rows in pairs too (see paired; to compare)
+  bool float_pairs_ = env_int("LUMINAL_CUDA_FLOAT_PAIRS", 0) == 1;
   std::vector<char> split_;       // per node: a Q8_0 weight input stored split (choose_q8_split)
   void choose_q8_split();
   void drop_prologues();
@@ -3491,12 +3493,19 @@ ActRow Generator::group_prologue(size_t step) {
   return a;
 }
 
-// Q8_0 members (one activation row when the group runs, see applies()): a warp computes two rows of each, rows r and
-// rq, sharing the activation loads (which outnumber the packed weights' bytes 4 to 1)
+// A unit whose warp computes two rows of each member, rows r and rq, sharing the activation loads (which outnumber
+// the packed weights' bytes 4 to 1) and the loop's turns: Q8_0 members (one activation row when the group runs,
+// see applies()); float members with LUMINAL_CUDA_FLOAT_PAIRS=1, where every member's rows are an even number per
+// activation row (so that a pair never spans two).
 bool Generator::paired(const std::vector<size_t>& ms) const {
-  return q8_pairs_ && ms.size() <= 2 && std::all_of(ms.begin(), ms.end(), [&](size_t m) {
-    return op_as<QMatMulOp>(g_.node(mod_.sched.steps[m].node)) != nullptr;
-  });
+  auto q8 = [&](size_t m) { return op_as<QMatMulOp>(g_.node(mod_.sched.steps[m].node)) != nullptr; };
+  auto even = [&](size_t m) {
+    const Expr& n = g_.node(mod_.sched.steps[m].node).shape.back();
+    return n.is_const() && n.as_const() % 2 == 0;
+  };
+  if (ms.size() > 2) return false;
+  if (std::all_of(ms.begin(), ms.end(), q8)) return q8_pairs_;
+  return float_pairs_ && std::none_of(ms.begin(), ms.end(), q8) && std::all_of(ms.begin(), ms.end(), even);
 }
 
 // Warps per row of a MatVec group's kernel: 1, or K split over 2, 4 or 8 warps while the group's rows give fewer
@@ -3642,7 +3651,8 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
       if (pair) {
         body << "    { const i64* p = P" << m0 + j << "; i64 r = rq;\n" << unravel(steps[ms[size_t(j)]].views[0], 0, R - 1, "r");
         if (split_of(j)) body << "    " << split_offsets(bv, row(), "p[2]", "ob" + J + "_1", "os" + J + "_1") << "; }\n";
-        else body << "    ob" << J << "_1 = " << ViewText{bv}.offset({row(), "0"}) << "; }\n";
+        else body << "    ob" << J << "_1 = " << ViewText{bv}.offset(q8 ? std::vector<std::string>{row(), "0"} : idx)
+                  << "; }\n";
       }
     }
     std::vector<DotOperand> ws;
@@ -3651,9 +3661,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
                     "ob" + std::to_string(m0 + j), "acc" + std::to_string(m0 + j),
                     op_as<QMatMulOp>(g_.node(cs[ms[size_t(j)]].node)) != nullptr,
                     split_of(j) ? "os" + std::to_string(m0 + j) : ""});
-    for (int j = 0; pair && j < c; ++j)
-      ws.push_back({DType::U8, "W" + std::to_string(m0 + j), "ob" + std::to_string(m0 + j) + "_1",
-                    "acc" + std::to_string(m0 + j) + "_1", true, split_of(j) ? "os" + std::to_string(m0 + j) + "_1" : ""});
+    for (int j = 0; pair && j < c; ++j)  // (the pair's second rows)
+      ws.push_back({ws[size_t(j)].storage, ws[size_t(j)].ptr, ws[size_t(j)].off + "_1", ws[size_t(j)].acc + "_1",
+                    ws[size_t(j)].q8, ws[size_t(j)].soff.empty() ? "" : ws[size_t(j)].soff + "_1"});
     // (with a prologue, the activations computed in the loop, or staged; each dot product then scaled by the row's
     // scalar)
     body << "    i64 K = P" << m0 << "[2];\n" << (SK ? "" : pro.init);
