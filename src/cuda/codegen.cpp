@@ -3565,9 +3565,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   // With a prologue in the loop each lane holds the part's inputs' loads too (more registers, fewer resident
   // blocks): LUMINAL_CUDA_PROLOGUE_BLOCKS=n asks the compiler to fit n blocks on a multiprocessor (to compare).
   std::string bounds = "256";
-  const char* mb = std::getenv("LUMINAL_CUDA_PROLOGUE_BLOCKS");
+  const int mb = env_int("LUMINAL_CUDA_PROLOGUE_BLOCKS", 0);
   bool in_loop = prologue >= 0 && !SK;
-  if (in_loop && mb && std::atoi(mb) > 0) bounds += ", " + std::to_string(std::atoi(mb));
+  if (in_loop && mb > 0) bounds += ", " + std::to_string(mb);
   // Otherwise group_blocks() blocks fit a multiprocessor: few, with deep steps (below), so that the compiler can
   // issue all of a step's loads before the first one is used.
   else if (!in_loop) bounds += ", " + std::to_string(group_blocks());
