@@ -801,7 +801,7 @@ class Generator {
   DType compute_;
   bool host_fallback_;
   // LUMINAL_CUDA_Q8_PAIRS=0: a group kernel's warp computes one row of a Q8_0 member, not two (comparison)
-  bool q8_pairs_ = !(std::getenv("LUMINAL_CUDA_Q8_PAIRS") && std::string(std::getenv("LUMINAL_CUDA_Q8_PAIRS")) == "0");
+  bool q8_pairs_ = env_int("LUMINAL_CUDA_Q8_PAIRS", 1) != 0;
   // LUMINAL_CUDA_FLOAT_PAIRS=1: float members' rows in pairs too (see paired; to compare)
   bool float_pairs_ = env_int("LUMINAL_CUDA_FLOAT_PAIRS", 0) == 1;
   std::vector<char> split_;       // per node: a Q8_0 weight input stored split (choose_q8_split)
@@ -834,6 +834,9 @@ class Generator {
   // after another, between branches, where each global load would be a round trip. LUMINAL_CUDA_STAGE_PARAMS=0:
   // read in place (to compare).
   bool stage_params_ = env_int("LUMINAL_CUDA_STAGE_PARAMS", 1) != 0;
+  // Blocks of 256 threads a matrix-vector group's kernel fits a multiprocessor (its launch bounds, where no
+  // prologue is in its dot loop; Module::group_blocks): LUMINAL_CUDA_GROUP_BLOCKS, 2 by default.
+  int group_blocks_ = std::max(1, env_int("LUMINAL_CUDA_GROUP_BLOCKS", 2));
   Module mod_;
   std::map<std::string, std::string> bodies_;  // body text -> function name (identical kernels share one)
   std::string fns_;
@@ -3568,9 +3571,9 @@ std::string Generator::group_kernel(size_t nunits, const Members& members_of, co
   const int mb = env_int("LUMINAL_CUDA_PROLOGUE_BLOCKS", 0);
   bool in_loop = prologue >= 0 && !SK;
   if (in_loop && mb > 0) bounds += ", " + std::to_string(mb);
-  // Otherwise group_blocks() blocks fit a multiprocessor: few, with deep steps (below), so that the compiler can
+  // Otherwise group_blocks_ blocks fit a multiprocessor: few, with deep steps (below), so that the compiler can
   // issue all of a step's loads before the first one is used.
-  else if (!in_loop) bounds += ", " + std::to_string(group_blocks());
+  else if (!in_loop) bounds += ", " + std::to_string(group_blocks_);
   sig << "extern \"C\" __global__ __launch_bounds__(" << bounds << ") void NAME(const i64* __restrict__ p, int* __restrict__ err, "
       << "const void* __restrict__ a_";
   int nm = 0;
@@ -3902,6 +3905,7 @@ Module Generator::run() {
   so.prologues = prologues != "0";
   mod_.sched = make_schedule(g_, so);
   mod_.compute = compute_;
+  mod_.group_blocks = group_blocks_;
   choose_q8_split();
   if (prologues != "1") drop_prologues();
   const std::vector<luminal::Step>& cs = mod_.sched.steps;
@@ -3967,8 +3971,6 @@ int env_int(const char* name, int fallback) {
     throw std::invalid_argument(std::string(name) + " must be an integer, got '" + e + "'");
   return int(v);
 }
-
-int group_blocks() { return std::max(1, env_int("LUMINAL_CUDA_GROUP_BLOCKS", 2)); }
 
 GemmShape gemm_shape(Variant::Kind k, bool f32) {
   // 128 x 128 tiles: k in 32s (48 KB a block) when both operands are copied as stored; a float32 operand's loads

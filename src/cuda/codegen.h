@@ -135,6 +135,7 @@ struct Module {
   std::vector<std::vector<char>> group_pairs;  // MatVec groups: per unit, whether a warp computes two of its rows
   std::vector<int> group_split;  // MatVec groups: warps per row (K split over them; 1 for other groups)
   std::vector<int64_t> group_stage;  // MatVec groups: the row length staged quantised in shared memory, or 0
+  int group_blocks = 2;  // MatVec groups' kernels: blocks a multiprocessor fits (a staged group's grid cap)
   std::string source;             // the CUDA C module holding every kernel
   std::vector<std::pair<std::string, std::string>> kernels;  // each kernel's name and text (without the prelude)
   const std::vector<DType>& storage() const { return sched.storage; }  // per node: the dtype on the device
@@ -147,9 +148,6 @@ struct Module {
 const char* prelude();
 // Environment variable `name` as an integer (`fallback` when unset or empty); anything else raises, naming it.
 int env_int(const char* name, int fallback);
-// Blocks of a matrix-vector group's kernel that fit a multiprocessor (its launch bounds; a staged group's grid is
-// no larger than run at once): LUMINAL_CUDA_GROUP_BLOCKS, 2 by default.
-int group_blocks();
 
 // `compute` is the float type float32 inputs are stored in on the device (see python/luminal/cuda.py). An op the
 // backend has no kernel for raises UnsupportedOpError, except a user op (HostOp) with `host_fallback`: it then

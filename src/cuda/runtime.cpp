@@ -1415,9 +1415,8 @@ bool Runtime::launch_group(size_t g, const OutOf& out_of, const InPlace& in_plac
     for (auto& in : g_.node(core(pro).node).inputs) args.push_back(ptr_[in.node]);
   }
   if (s_.group_stage[g]) {
-    // Each block stages the row once: no more blocks than run at once (group_blocks a multiprocessor)
-    const int64_t per_sm = group_blocks();
-    unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * per_sm)), 1, 1};
+    // Each block stages the row once: no more blocks than run at once (the module's group_blocks a multiprocessor)
+    unsigned grid[3] = {unsigned(std::min<int64_t>((rows + 7) / 8, int64_t(sms_) * s_.group_blocks)), 1, 1};
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args, grid, 256);
   } else {
     launch(fn, a0, L_.slot[G.members[0]], rows, true, args);
