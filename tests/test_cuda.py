@@ -516,7 +516,6 @@ def test_independent_steps_run_as_one_batch(backend, rng):
             assert g._runtime.rt.last_launches() == (1 if donate else 4)
 
 
-
 # (what a batch of element loops and a Scatter's row writes needs beyond cuda_host's prelude)
 _BATCH_HOST = r"""
 inline double ld_int32(const void* b, i64 o) { return ((const int*)b)[o]; }
@@ -610,6 +609,7 @@ int main(int argc, char** argv) {{
         np.testing.assert_array_equal(got[:54].reshape(9, 6), want)
         np.testing.assert_allclose(got[54:69], np.exp(arrays["a"].astype(np.float64)).ravel() + 1, rtol=1e-5)
         np.testing.assert_allclose(got[69:], arrays["b"] * 3.0 - 1, rtol=1e-5, atol=1e-6)
+
 
 def test_a_copy_that_is_the_identity_is_skipped(backend, rng):
     """Heads put back in token order (a transpose, then a reshape: a copy) are the identity for one token: the GPU
